@@ -1,0 +1,3 @@
+from slurmhealth.cli import main
+
+main()

@@ -1,0 +1,158 @@
+"""The check catalog: small pure functions ``(context, thresholds) -> list[Finding]``.
+
+Each check is registered once with :func:`check`, which refuses duplicate names and holds
+the check's description, default thresholds, action and remediation hint. The same catalog
+serves ``slurmhealth check``, the prolog, the epilog and the sidecar.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmhealth.errors import ConfigError
+from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
+
+PHASES = ("check", "prolog", "epilog", "sidecar", "validate")
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """Everything a check may look at: plain data, no I/O."""
+
+    snapshot: NodeSnapshot
+    phase: str = "check"
+    gpus: tuple[int, ...] | None = None  # GPUs asked for (the job's); None = all
+    expected_count: int = 0
+    expected_driver: str = ""
+    nvlinks_per_model: Mapping[str, int] = field(default_factory=dict)
+    # counters stored by the previous run: {"ts": float, "gpus": {uuid: {name: value}}}
+    previous_counters: Mapping[str, Any] | None = None
+    xids: tuple[XidEvent, ...] = ()
+
+
+CheckFn = Callable[[CheckContext, Mapping[str, float]], list[Finding]]
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    name: str
+    description: str
+    fn: CheckFn
+    action: Action
+    hint: str
+    thresholds: Mapping[str, float]
+    phases: tuple[str, ...]
+
+
+REGISTRY: dict[str, CheckSpec] = {}
+
+
+def check(
+    name: str,
+    description: str,
+    *,
+    action: Action,
+    hint: str,
+    thresholds: Mapping[str, float] | None = None,
+    phases: Iterable[str] = PHASES,
+) -> Callable[[CheckFn], CheckFn]:
+    """Register a check. A second check with the same name is a programming error."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        if name in REGISTRY:
+            raise ValueError(f"check {name!r} registered twice")
+        REGISTRY[name] = CheckSpec(
+            name, description, fn, action, hint, dict(thresholds or {}), tuple(phases)
+        )
+        return fn
+
+    return register
+
+
+def finding(
+    check_name: str,
+    severity: Severity,
+    gpu: GpuState | None,
+    message: str,
+    *,
+    action: Action | None = None,
+    hint: str | None = None,
+    **evidence: Any,
+) -> Finding:
+    """A finding of a registered check, with its default action and hint."""
+    spec = REGISTRY[check_name]
+    return Finding(
+        check=check_name,
+        severity=severity,
+        message=message,
+        action=action or spec.action,
+        hint=spec.hint if hint is None else hint,
+        gpu=None if gpu is None else gpu.index,
+        uuid=None if gpu is None else gpu.uuid,
+        evidence=evidence,
+    )
+
+
+def catalog() -> dict[str, CheckSpec]:
+    """Every registered check, importing the check modules on first use."""
+    from slurmhealth.checks import fabric, gpu, memory, nvlink, pcie, thermal, xid  # noqa: F401
+
+    return REGISTRY
+
+
+def validate_settings(
+    settings: Mapping[str, Mapping[str, Any]], disabled: Iterable[str], source: str
+) -> None:
+    """Refuse unknown check names and threshold keys in ``[checks.*]``."""
+    specs = catalog()
+    for name in disabled:
+        if name not in specs:
+            raise ConfigError(source, "checks.disabled", f"unknown check {name!r}")
+    for name, table in settings.items():
+        if name not in specs:
+            raise ConfigError(source, f"checks.{name}", "unknown check (see `slurmhealth checks`)")
+        for key, value in table.items():
+            known = specs[name].thresholds
+            if key not in known:
+                allowed = ", ".join(known) or "none"
+                raise ConfigError(
+                    source, f"checks.{name}.{key}", f"unknown threshold (known: {allowed})"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(source, f"checks.{name}.{key}", f"expected a number: {value!r}")
+
+
+def run_checks(
+    ctx: CheckContext,
+    settings: Mapping[str, Mapping[str, float]] | None = None,
+    disabled: Iterable[str] = (),
+) -> list[Finding]:
+    """Run every enabled check for ``ctx.phase``; a crashing check is a warning, not a fail."""
+    off = set(disabled)
+    out: list[Finding] = []
+    for spec in catalog().values():
+        if spec.name in off or ctx.phase not in spec.phases:
+            continue
+        th = {**spec.thresholds, **(settings or {}).get(spec.name, {})}
+        try:
+            out.extend(spec.fn(ctx, th))
+        except Exception as exc:  # fail open, loudly
+            out.append(
+                Finding(
+                    check=spec.name,
+                    severity=Severity.WARN,
+                    message=f"check crashed: {type(exc).__name__}: {exc}",
+                    action=Action.RECORD,
+                    hint="a slurmhealth bug: report it with this message",
+                    evidence={"traceback": traceback.format_exc(limit=5)},
+                )
+            )
+    return sorted(out, key=Finding.sort_key)
+
+
+def readable(ctx: CheckContext) -> list[GpuState]:
+    """The GPUs of the snapshot that answered (lost/unresponsive ones have their own checks)."""
+    return [g for g in ctx.snapshot.gpus if g.readable]

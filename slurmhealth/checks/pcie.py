@@ -1,0 +1,48 @@
+"""PCIe link of the GPU (``nvidia-smi -q -d PCIE``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.model import Action, Finding, Severity
+
+
+@check(
+    "pcie_link",
+    "The PCIe link runs at the GPU's maximum width, and at its maximum generation when the "
+    "GPU is busy (GPUs lower the generation when idle to save power, so that is not judged "
+    "below min_util_for_gen_pct).",
+    action=Action.WARN,
+    hint="a downgraded PCIe link halves host<->GPU and GPUDirect bandwidth: reseat the GPU "
+    "or riser, check `lspci -vv` LnkSta, update the BIOS",
+    thresholds={"min_util_for_gen_pct": 50},
+)
+def pcie_link(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    out = []
+    for g in readable(ctx):
+        if g.pcie_width is not None and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
+            out.append(
+                finding(
+                    "pcie_link",
+                    Severity.WARN,
+                    g,
+                    f"PCIe width x{g.pcie_width}, max x{g.pcie_width_max}",
+                    width=g.pcie_width,
+                    width_max=g.pcie_width_max,
+                )
+            )
+        busy = (g.utilization_gpu_pct or 0) >= th["min_util_for_gen_pct"]
+        if busy and g.pcie_gen is not None and g.pcie_gen_max and g.pcie_gen < g.pcie_gen_max:
+            out.append(
+                finding(
+                    "pcie_link",
+                    Severity.WARN,
+                    g,
+                    f"PCIe gen {g.pcie_gen} under load, max gen {g.pcie_gen_max}",
+                    gen=g.pcie_gen,
+                    gen_max=g.pcie_gen_max,
+                    utilization_pct=g.utilization_gpu_pct,
+                )
+            )
+    return out

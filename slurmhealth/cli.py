@@ -1,0 +1,268 @@
+"""Command line entry point. Argument parsing, exit codes and rendering only; no logic.
+
+Exit codes: 0 healthy (or warnings only), 1 a failing finding, 2 usage or config error,
+3 internal error. Errors are one line on stderr; ``--debug`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from slurmhealth.errors import SlurmhealthError, UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Ctx:
+    def __init__(self, config_path: str | None, db: str | None, debug: bool) -> None:
+        self.config_path = config_path
+        self.db = db
+        self.debug = debug
+
+    def config(self) -> Any:
+        from slurmhealth.config import load_config
+
+        return load_config(self.config_path, flags={"paths.db": self.db})
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        fn
+    )
+
+
+def parse_gpus(text: str | None) -> list[int] | None:
+    if text is None or text.strip() in ("", "all"):
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+        if not m:
+            raise UsageError(f"--gpus: {part!r} is not a GPU index or range (e.g. 0,3 or 0-7)")
+        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
+        if hi < lo:
+            raise UsageError(f"--gpus: range {part!r} goes backwards")
+        out.extend(range(lo, hi + 1))
+    return sorted(set(out))
+
+
+def parse_since(text: str | None, now: float) -> float | None:
+    """``30m``, ``2h``, ``1d`` ago, or an ISO date/time in UTC."""
+    if not text:
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([smhd])", text.strip())
+    if m:
+        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    from datetime import UTC, datetime
+
+    try:
+        dt = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise UsageError(
+            f"--since: {text!r} is neither a duration (30m, 2h, 1d) nor a date"
+        ) from None
+    return (dt if dt.tzinfo else dt.replace(tzinfo=UTC)).timestamp()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--config",
+    "config_path",
+    envvar="SLURMHEALTH_CONFIG",
+    metavar="FILE",
+    help="Config file (default /etc/slurmhealth/config.toml).",
+)
+@click.option("--db", metavar="PATH", help="History database (overrides paths.db).")
+@click.option("--debug", is_flag=True, help="Show tracebacks and debug logs.")
+@click.version_option(package_name="slurmhealth")
+@click.pass_context
+def cli(click_ctx: click.Context, config_path: str | None, db: str | None, debug: bool) -> None:
+    """slurmhealth: GPU health checks, history and diagnosis for Slurm clusters."""
+    click_ctx.obj = Ctx(config_path, db, debug)
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.WARNING,
+        format="slurmhealth: %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@cli.command()
+@click.option("--gpus", metavar="LIST", help="GPU indices, e.g. 0,3 or 0-7 (default: all).")
+@json_option
+@pass_ctx
+def check(ctx: Ctx, gpus: str | None, as_json: bool) -> None:
+    """Run every health check on the node's GPUs and record the run.
+
+    Exits 0 when healthy or with warnings only, 1 when a check fails.
+    """
+    from slurmhealth import render
+    from slurmhealth.hooks.check import run_check
+
+    result = run_check(ctx.config(), gpus=parse_gpus(gpus))
+    data = result.to_dict()
+    if as_json:
+        render.print_json(data)
+    else:
+        render.check_result(data)
+    sys.exit(result.exit_code)
+
+
+@cli.command("checks")
+@json_option
+def list_checks(as_json: bool) -> None:
+    """List every check with its description, thresholds and action."""
+    from slurmhealth import render
+    from slurmhealth.checks import catalog
+
+    specs = list(catalog().values())
+    if as_json:
+        render.print_json(
+            [
+                {
+                    "name": s.name,
+                    "description": s.description,
+                    "action": s.action.value,
+                    "thresholds": dict(s.thresholds),
+                    "phases": list(s.phases),
+                    "hint": s.hint,
+                }
+                for s in specs
+            ]
+        )
+        return
+    render.table(
+        "slurmhealth checks",
+        ["check", "action", "thresholds", "description"],
+        [
+            (
+                s.name,
+                s.action.value,
+                ", ".join(f"{k}={v:g}" for k, v in s.thresholds.items()) or "-",
+                s.description,
+            )
+            for s in specs
+        ],
+    )
+
+
+@cli.command()
+@click.option("--node", help="Only runs of this node.")
+@click.option("--job", help="Only runs of this Slurm job id.")
+@click.option("--since", help="Only runs since a duration ago (30m, 2h, 1d) or a UTC date.")
+@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@json_option
+@pass_ctx
+def history(
+    ctx: Ctx, node: str | None, job: str | None, since: str | None, limit: int, as_json: bool
+) -> None:
+    """Show recorded check runs and their findings, newest first."""
+    from slurmhealth import render
+    from slurmhealth.store import History
+
+    cfg = ctx.config()
+    start = parse_since(since, time.time())
+    with History(cfg.paths.db, spool_path=cfg.spool_path) as db:
+        runs = db.runs(node=node, job=job, since=start, limit=limit)
+    if as_json:
+        render.print_json({"schema": "slurmhealth.history/1", "runs": runs})
+        return
+    rows = []
+    for r in runs:
+        worst = r["findings"][0] if r["findings"] else None
+        summary = "-" if worst is None else f"{worst['check_name']}: {worst['message']}"
+        more = len(r["findings"]) - 1
+        rows.append(
+            (
+                render.utc(r["ts"]),
+                r["node"],
+                r["phase"],
+                r["job_id"],
+                r["status"],
+                summary + (f" (+{more} more)" if more > 0 else ""),
+            )
+        )
+    render.table(
+        f"history {cfg.paths.db}",
+        ["time (UTC)", "node", "phase", "job", "status", "findings"],
+        rows,
+    )
+
+
+@cli.group()
+def config() -> None:
+    """Validate or show the effective configuration."""
+
+
+@config.command("check")
+@pass_ctx
+def config_check(ctx: Ctx) -> None:
+    """Validate the config (and the scenario, for the simulator); exit 2 on an error."""
+    from slurmhealth.checks import validate_settings
+
+    cfg = ctx.config()
+    source = next((s for s in cfg.sources.values() if s.startswith("/")), "config")
+    validate_settings(cfg.checks.settings, cfg.checks.disabled, source)
+    if cfg.gpu.backend == "sim":
+        from slurmhealth.gpu.scenario import load_scenario
+
+        if not cfg.gpu.sim_scenario:
+            raise UsageError("gpu.backend is 'sim' but gpu.sim_scenario is not set")
+        load_scenario(cfg.gpu.sim_scenario)
+    files = sorted({s for s in cfg.sources.values() if not s.startswith(("environment", "flag"))})
+    click.echo(f"config OK ({', '.join(files) or 'defaults only'})")
+
+
+@config.command("show")
+@json_option
+@pass_ctx
+def config_show(ctx: Ctx, as_json: bool) -> None:
+    """Show every effective value and where it came from."""
+    from slurmhealth import render
+    from slurmhealth.config import effective_items
+
+    items = effective_items(ctx.config())
+    if as_json:
+        render.print_json({k: {"value": v, "source": s} for k, v, s in items})
+        return
+    render.table("effective configuration", ["key", "value", "source"], items)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: one line on stderr per error, exit codes as documented."""
+    debug = "--debug" in (sys.argv[1:] if argv is None else argv)
+    try:
+        cli.main(args=argv, prog_name="slurmhealth", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(2 if exc.exit_code not in (0, 1) else exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("slurmhealth: aborted", err=True)
+        sys.exit(3)
+    except SlurmhealthError as exc:
+        if debug:
+            raise
+        click.echo(f"slurmhealth: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except BrokenPipeError:
+        sys.exit(0)
+    except Exception as exc:
+        if debug:
+            raise
+        click.echo(
+            f"slurmhealth: internal error: {type(exc).__name__}: {exc} (run with --debug)",
+            err=True,
+        )
+        sys.exit(3)

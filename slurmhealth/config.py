@@ -1,0 +1,271 @@
+"""Configuration: one frozen dataclass tree read from TOML.
+
+Precedence, resolved at call time: defaults < file < environment < command-line flags.
+The file is ``--config``, else ``$SLURMHEALTH_CONFIG``, else ``/etc/slurmhealth/config.toml``
+(silently skipped when that default file does not exist).
+Every value remembers where it came from, for ``slurmhealth config show``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_type_hints
+
+from slurmhealth.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/slurmhealth/config.toml"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str = ""  # Slurm node name; default $SLURMD_NODENAME, else the short hostname
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    backend: str = "nvml"  # nvml | sim
+    sim_scenario: str = ""  # scenario file for backend=sim
+    sim_epoch: float = 0.0  # scenario clock start (UTC s); 0 = the scenario file's mtime
+    sim_kernel_log: str = ""  # where the simulator writes its Xid kernel-log lines
+    snapshot_timeout_s: float = 5.0  # a GPU that does not answer within this is unresponsive
+    expected_count: int = 0  # GPUs this node must show; 0 = don't check beyond the job's GPUs
+    expected_driver: str = ""  # e.g. "550.90.07"; empty = don't check
+    # NVLinks each model must have active; models not listed: every link NVML reports
+    nvlinks_per_model: dict[str, int] = field(
+        default_factory=lambda: {
+            "NVIDIA H100 80GB HBM3": 18,
+            "NVIDIA H200": 18,
+            "NVIDIA A100-SXM4-80GB": 12,
+            "NVIDIA A100-SXM4-40GB": 12,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class PathsConfig:
+    db: str = "/var/lib/slurmhealth/history.db"
+    spool: str = ""  # empty = "<db>.spool.jsonl"
+    evidence_dir: str = "/var/lib/slurmhealth/evidence"
+    run_dir: str = "/run/slurmhealth"
+
+
+@dataclass(frozen=True)
+class KernelLogConfig:
+    source: str = "auto"  # auto | kmsg | journalctl | dmesg | none | /path/to/file
+    lookback_s: float = 3600.0  # on first read, Xids older than this are ignored
+    budget_s: float = 1.0  # time allowed to read the log
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    mode: str = "drain"  # drain | warn (warn: never drain, only record)
+
+
+@dataclass(frozen=True)
+class ChecksConfig:
+    disabled: list[str] = field(default_factory=list)
+    # [checks.<name>] tables: threshold overrides, validated against the check catalog
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    node: NodeConfig = field(default_factory=NodeConfig)
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    checks: ChecksConfig = field(default_factory=ChecksConfig)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def node_name(self) -> str:
+        return self.node.name or socket.gethostname().split(".")[0]
+
+    @property
+    def spool_path(self) -> str:
+        return self.paths.spool or self.paths.db + ".spool.jsonl"
+
+    def thresholds(self, check: str) -> Mapping[str, Any]:
+        return self.checks.settings.get(check, {})
+
+
+ENV_KEYS: dict[str, str] = {
+    "SLURMD_NODENAME": "node.name",
+    "SLURMHEALTH_NODE_NAME": "node.name",
+    "SLURMHEALTH_GPU_BACKEND": "gpu.backend",
+    "SLURMHEALTH_SIM_SCENARIO": "gpu.sim_scenario",
+    "SLURMHEALTH_SIM_EPOCH": "gpu.sim_epoch",
+    "SLURMHEALTH_SIM_KERNEL_LOG": "gpu.sim_kernel_log",
+    "SLURMHEALTH_SNAPSHOT_TIMEOUT": "gpu.snapshot_timeout_s",
+    "SLURMHEALTH_EXPECTED_GPUS": "gpu.expected_count",
+    "SLURMHEALTH_DB": "paths.db",
+    "SLURMHEALTH_SPOOL": "paths.spool",
+    "SLURMHEALTH_EVIDENCE_DIR": "paths.evidence_dir",
+    "SLURMHEALTH_RUN_DIR": "paths.run_dir",
+    "SLURMHEALTH_KERNEL_LOG": "kernel_log.source",
+    "SLURMHEALTH_POLICY": "policy.mode",
+}
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "gpu.backend": ("nvml", "sim"),
+    "policy.mode": ("drain", "warn"),
+}
+
+_SECTIONS: dict[str, type[Any]] = {
+    name: tp for name, tp in get_type_hints(Config).items() if name != "sources"
+}
+
+
+def _type_name(tp: Any) -> str:
+    return {str: "a string", int: "an integer", float: "a number", bool: "true or false"}.get(
+        tp, "a list of strings" if getattr(tp, "__origin__", None) is list else "a table"
+    )
+
+
+def _coerce(value: Any, tp: Any, source: str, key: str, from_text: bool) -> Any:
+    """Check ``value`` against the field type ``tp``; text from the environment is parsed."""
+    origin = getattr(tp, "__origin__", None)
+    if from_text and isinstance(value, str):
+        try:
+            if tp is bool:
+                low = value.strip().lower()
+                if low not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                return low in ("1", "true", "yes", "on")
+            if tp is int:
+                return int(value)
+            if tp is float:
+                return float(value)
+            if origin is list:
+                return [v.strip() for v in value.split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}") from None
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+        or (origin is list and isinstance(value, list) and all(isinstance(v, str) for v in value))
+        or (origin is dict and isinstance(value, dict))
+    )
+    if not ok:
+        raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}")
+    if tp is float:
+        value = float(value)
+    choices = CHOICES.get(key)
+    if choices and value not in choices:
+        raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _section_fields(section: str) -> dict[str, Any]:
+    return get_type_hints(_SECTIONS[section])
+
+
+def _apply(
+    values: dict[str, dict[str, Any]],
+    sources: dict[str, str],
+    data: Mapping[str, Any],
+    source: str,
+) -> None:
+    for section, table in data.items():
+        if section not in _SECTIONS:
+            raise ConfigError(source, section, f"unknown section (known: {', '.join(_SECTIONS)})")
+        if not isinstance(table, dict):
+            raise ConfigError(source, section, "expected a table")
+        fields = _section_fields(section)
+        for key, value in table.items():
+            dotted = f"{section}.{key}"
+            if section == "checks" and key != "disabled":
+                # [checks.<name>] threshold tables: the check catalog validates names and keys
+                if not isinstance(value, dict):
+                    raise ConfigError(source, dotted, "expected a table of thresholds")
+                for tkey, tval in value.items():
+                    if isinstance(tval, bool) or not isinstance(tval, int | float | str):
+                        raise ConfigError(
+                            source, f"{dotted}.{tkey}", f"expected a number, got {tval!r}"
+                        )
+                settings = dict(values["checks"].get("settings", {}))
+                settings[key] = {**settings.get(key, {}), **value}
+                values["checks"]["settings"] = settings
+                sources[dotted] = source
+                continue
+            if key not in fields:
+                raise ConfigError(source, dotted, f"unknown key (known: {', '.join(fields)})")
+            values[section][key] = _coerce(value, fields[key], source, dotted, False)
+            sources[dotted] = source
+
+
+def _set_dotted(
+    values: dict[str, dict[str, Any]],
+    sources: dict[str, str],
+    dotted: str,
+    raw: Any,
+    source: str,
+    from_text: bool,
+) -> None:
+    section, key = dotted.split(".", 1)
+    tp = _section_fields(section)[key]
+    values[section][key] = _coerce(raw, tp, source, dotted, from_text)
+    sources[dotted] = source
+
+
+def read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(path, None, "file not found") from None
+    except PermissionError:
+        raise ConfigError(path, None, "permission denied") from None
+    except IsADirectoryError:
+        raise ConfigError(path, None, "is a directory, not a file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(path, None, f"invalid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(path, None, "not UTF-8 text") from None
+
+
+def load_config(
+    path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the effective config. ``flags`` maps dotted keys (``paths.db``) to values."""
+    env = os.environ if env is None else env
+    values: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
+    sources: dict[str, str] = {}
+    explicit = path or env.get("SLURMHEALTH_CONFIG")
+    file_path = explicit or DEFAULT_CONFIG_PATH
+    if explicit or os.path.exists(file_path):
+        _apply(values, sources, read_toml(file_path), file_path)
+    for var, dotted in ENV_KEYS.items():
+        if env.get(var, "") != "":
+            _set_dotted(values, sources, dotted, env[var], f"environment {var}", True)
+    for dotted, raw in (flags or {}).items():
+        if raw is not None:
+            _set_dotted(values, sources, dotted, raw, f"flag {dotted}", False)
+    sections = {name: _SECTIONS[name](**kw) for name, kw in values.items()}
+    return Config(**sections, sources=sources)
+
+
+def effective_items(cfg: Config) -> list[tuple[str, Any, str]]:
+    """Every setting as ``(dotted key, value, where it came from)`` for ``config show``."""
+    rows: list[tuple[str, Any, str]] = []
+    for section in _SECTIONS:
+        obj = getattr(cfg, section)
+        for f in dataclasses.fields(obj):
+            if section == "checks" and f.name == "settings":
+                for name, table in sorted(obj.settings.items()):
+                    key = f"checks.{name}"
+                    rows.append((key, table, cfg.sources.get(key, "default")))
+                continue
+            key = f"{section}.{f.name}"
+            rows.append((key, getattr(obj, f.name), cfg.sources.get(key, "default")))
+    return rows

@@ -1,0 +1,356 @@
+"""The NVML adapter: the one place where NVML calls are made and NVML errors get meaning.
+
+``NvmlBackend(lib)`` takes the NVML module as a parameter: the real ``pynvml`` (from the
+nvidia-ml-py package) on a GPU node, :class:`slurmhealth.gpu.sim.SimulatedNvml` in tests.
+
+Error meaning (decided here, nowhere else):
+- NotSupported, FunctionNotFound, NoPermission on an optional field -> ``None`` (unknown).
+- GpuIsLost -> GPU status ``lost``; ResetRequired -> ``reset_required``. Decided once per GPU.
+- LibraryNotFound / DriverNotLoaded at init -> :class:`GpuBackendError` with a hint.
+- A GPU whose reads do not finish within the deadline -> status ``unresponsive``, naming the
+  call it was stuck in. Reads run in daemon threads, so a hung call cannot hang the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from slurmhealth.errors import GpuBackendError
+from slurmhealth.model import (
+    GpuProcess,
+    GpuState,
+    GpuStatus,
+    NodeSnapshot,
+    NvLink,
+    XidEvent,
+    normalize_pci_bus_id,
+)
+
+_UNKNOWN_CODES = ("NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_FUNCTION_NOT_FOUND",
+                  "NVML_ERROR_NO_PERMISSION", "NVML_ERROR_INVALID_ARGUMENT",
+                  "NVML_ERROR_NOT_FOUND")  # fmt: skip
+_INIT_HINTS = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": "libnvidia-ml.so.1 not found: is the NVIDIA driver "
+    "installed? (set SLURMHEALTH_GPU_BACKEND=sim to use the simulator)",
+    "NVML_ERROR_DRIVER_NOT_LOADED": "the nvidia kernel module is not loaded: check "
+    "`lsmod | grep nvidia` and `dmesg | grep NVRM`",
+    "NVML_ERROR_NO_PERMISSION": "no permission to open /dev/nvidia*: run as root",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": "NVML and the kernel module differ: "
+    "the driver was upgraded without a reboot",
+}
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class _GpuGone(Exception):
+    def __init__(self, status: GpuStatus, error: str) -> None:
+        self.status = status
+        self.error = error
+
+
+class _Reader:
+    """Reads one GPU. ``current`` names the NVML call in flight (for a hang's evidence)."""
+
+    def __init__(self, lib: Any, index: int) -> None:
+        self.lib = lib
+        self.index = index
+        self.current = "nvmlDeviceGetHandleByIndex"
+        self.result: GpuState | None = None
+        self._unknown = {getattr(lib, name) for name in _UNKNOWN_CODES if hasattr(lib, name)} or {3}
+        self._lost = getattr(lib, "NVML_ERROR_GPU_IS_LOST", 15)
+        self._reset = getattr(lib, "NVML_ERROR_RESET_REQUIRED", 16)
+        self.errors: list[str] = []
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Call ``lib.<name>``; unknown -> None; lost/reset -> :class:`_GpuGone`."""
+        self.current = name
+        try:
+            return getattr(self.lib, name)(*args)
+        except self.lib.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            if code == self._lost:
+                raise _GpuGone(GpuStatus.LOST, f"{name}: GPU is lost") from None
+            if code == self._reset:
+                raise _GpuGone(GpuStatus.RESET_REQUIRED, f"{name}: GPU requires reset") from None
+            if code not in self._unknown:
+                self.errors.append(f"{name}: {exc}")
+            return None
+        except AttributeError:  # an older pynvml without this function
+            return None
+
+    def run(self) -> None:
+        try:
+            self.result = self._read()
+        except _GpuGone as gone:
+            self.result = GpuState(index=self.index, status=gone.status, error=gone.error)
+        except Exception as exc:  # a bug or an odd library: never kill the snapshot
+            self.result = GpuState(
+                index=self.index, status=GpuStatus.ERROR, error=f"{type(exc).__name__}: {exc}"
+            )
+
+    def _read(self) -> GpuState:
+        lib, c = self.lib, self.call
+        h = c("nvmlDeviceGetHandleByIndex", self.index)
+        if h is None:
+            return GpuState(self.index, GpuStatus.ERROR, error="; ".join(self.errors) or None)
+        pci = c("nvmlDeviceGetPciInfo", h)
+        util = c("nvmlDeviceGetUtilizationRates", h)
+        mem = c("nvmlDeviceGetMemoryInfo", h)
+        power = c("nvmlDeviceGetPowerUsage", h)
+        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
+        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
+        ecc = c("nvmlDeviceGetEccMode", h)
+        rows = c("nvmlDeviceGetRemappedRows", h)
+        procs = c("nvmlDeviceGetComputeRunningProcesses", h)
+        unc = lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        persistence = c("nvmlDeviceGetPersistenceMode", h)
+        fabric = self._fabric(h)
+        retired = None if rows is not None else c("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        return GpuState(
+            index=self.index,
+            uuid=_text(c("nvmlDeviceGetUUID", h)),
+            name=_text(c("nvmlDeviceGetName", h)),
+            pci_bus_id=None if pci is None else _text(pci.busId),
+            serial=_opt_text(c("nvmlDeviceGetSerial", h)),
+            minor_number=c("nvmlDeviceGetMinorNumber", h),
+            persistence_mode=None if persistence is None else persistence == 1,
+            temperature_c=c("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU),
+            margin_temperature_c=c("nvmlDeviceGetMarginTemperature", h),
+            power_w=None if power is None else power / 1000.0,
+            power_limit_w=None if limit is None else limit / 1000.0,
+            energy_j=None if energy is None else energy / 1000.0,
+            utilization_gpu_pct=None if util is None else int(util.gpu),
+            utilization_memory_pct=None if util is None else int(util.memory),
+            memory_total_bytes=None if mem is None else int(mem.total),
+            memory_used_bytes=None if mem is None else int(mem.used),
+            sm_clock_mhz=c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM),
+            sm_clock_max_mhz=c("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_SM),
+            mem_clock_mhz=c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_MEM),
+            clock_event_reasons=self._clock_reasons(h),
+            pcie_gen=c("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            pcie_gen_max=c("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            pcie_width=c("nvmlDeviceGetCurrPcieLinkWidth", h),
+            pcie_width_max=c("nvmlDeviceGetMaxPcieLinkWidth", h),
+            pcie_replay_errors=c("nvmlDeviceGetPcieReplayCounter", h),
+            ecc_enabled=None if ecc is None else ecc[0] == lib.NVML_FEATURE_ENABLED,
+            ecc_volatile_uncorrectable=c(
+                "nvmlDeviceGetTotalEccErrors", h, unc, lib.NVML_VOLATILE_ECC
+            ),
+            ecc_volatile_correctable=c(
+                "nvmlDeviceGetTotalEccErrors",
+                h,
+                lib.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                lib.NVML_VOLATILE_ECC,
+            ),
+            ecc_aggregate_uncorrectable=c(
+                "nvmlDeviceGetTotalEccErrors", h, unc, lib.NVML_AGGREGATE_ECC
+            ),
+            remapped_rows_correctable=None if rows is None else int(rows[0]),
+            remapped_rows_uncorrectable=None if rows is None else int(rows[1]),
+            remap_pending=None if rows is None else bool(rows[2]),
+            remap_failure=None if rows is None else bool(rows[3]),
+            retired_pages_pending=None if retired is None else bool(retired),
+            nvlinks=self._nvlinks(h),
+            fabric_state=fabric[0],
+            fabric_status=fabric[1],
+            processes=None
+            if procs is None
+            else tuple(GpuProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in procs),
+            error="; ".join(self.errors) or None,
+        )
+
+    def _clock_reasons(self, h: Any) -> int | None:
+        if hasattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons"):
+            value = self.call("nvmlDeviceGetCurrentClocksEventReasons", h)
+        else:  # drivers before 535 call them throttle reasons
+            value = self.call("nvmlDeviceGetCurrentClocksThrottleReasons", h)
+        return None if value is None else int(value)
+
+    def _nvlinks(self, h: Any) -> tuple[NvLink, ...] | None:
+        lib, c = self.lib, self.call
+        links = []
+        for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 18))):
+            state = c("nvmlDeviceGetNvLinkState", h, link)
+            if state is None:
+                continue  # the device has no such link
+            remote = c("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
+            links.append(
+                NvLink(
+                    link=link,
+                    active=state == 1,
+                    remote_pci_bus_id=None if remote is None else _text(remote.busId),
+                    version=c("nvmlDeviceGetNvLinkVersion", h, link),
+                    replay_errors=c(
+                        "nvmlDeviceGetNvLinkErrorCounter", h, link, lib.NVML_NVLINK_ERROR_DL_REPLAY
+                    ),
+                    recovery_errors=c(
+                        "nvmlDeviceGetNvLinkErrorCounter",
+                        h,
+                        link,
+                        lib.NVML_NVLINK_ERROR_DL_RECOVERY,
+                    ),
+                    crc_flit_errors=c(
+                        "nvmlDeviceGetNvLinkErrorCounter",
+                        h,
+                        link,
+                        lib.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                    ),
+                    crc_data_errors=c(
+                        "nvmlDeviceGetNvLinkErrorCounter",
+                        h,
+                        link,
+                        lib.NVML_NVLINK_ERROR_DL_CRC_DATA,
+                    ),
+                )
+            )
+        return tuple(links) if links else None
+
+    def _fabric(self, h: Any) -> tuple[str | None, str | None]:
+        """(state, status) of the GPU's NVSwitch fabric registration; (None, None) if none."""
+        info = self.lib.c_nvmlGpuFabricInfo_t()
+        if self.call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info)) is None:
+            return None, None
+        states = {0: None, 1: "not_started", 2: "in_progress", 3: "completed"}
+        status = int(info.status)
+        return states.get(int(info.state)), "ok" if status == 0 else str(self.lib.NVMLError(status))
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+class NvmlBackend:
+    """GPU backend over an NVML module (``pynvml`` or :class:`SimulatedNvml`)."""
+
+    def __init__(
+        self,
+        lib: Any,
+        *,
+        node: str,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.lib = lib
+        self.node = node
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._started = False
+        self._event_set: Any = None
+
+    @property
+    def kernel_log_hint(self) -> str | None:
+        """Where this backend's Xids are logged when it is not the system's kernel log."""
+        return getattr(self.lib, "kernel_log_path", None)
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        try:
+            self.lib.nvmlInit()
+        except self.lib.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            hint = next(
+                (h for name, h in _INIT_HINTS.items() if getattr(self.lib, name, -1) == code), ""
+            )
+            raise GpuBackendError(f"NVML did not start: {exc}", hint) from None
+        self._started = True
+
+    def close(self) -> None:
+        if self._started:
+            self._started = False
+            with contextlib.suppress(self.lib.NVMLError):
+                self.lib.nvmlShutdown()
+
+    def devices(self) -> list[int]:
+        """Indices of the GPUs the driver enumerates (``nvidia-smi -L``)."""
+        self._start()
+        return list(range(int(self.lib.nvmlDeviceGetCount())))
+
+    def snapshot(self, indices: Sequence[int] | None = None) -> NodeSnapshot:
+        """Read the given GPUs (default all) in parallel under one deadline."""
+        t0 = time.monotonic()
+        ts = self._clock()
+        self._start()
+        count = int(self.lib.nvmlDeviceGetCount())
+        wanted = list(range(count)) if indices is None else [i for i in indices if i < count]
+        readers = [_Reader(self.lib, i) for i in wanted]
+        threads = [
+            threading.Thread(target=r.run, name=f"nvml-gpu{r.index}", daemon=True) for r in readers
+        ]
+        for t in threads:
+            t.start()
+        deadline = t0 + self.timeout_s
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        gpus = []
+        for reader in readers:
+            if reader.result is None:
+                gpus.append(
+                    GpuState(
+                        index=reader.index,
+                        status=GpuStatus.UNRESPONSIVE,
+                        error=f"no answer within {self.timeout_s:g} s (stuck in {reader.current})",
+                    )
+                )
+            else:
+                gpus.append(reader.result)
+        driver = self._system("nvmlSystemGetDriverVersion")
+        return NodeSnapshot(
+            node=self.node,
+            ts=ts,
+            gpus=tuple(gpus),
+            device_count=count,
+            driver_version=driver,
+            nvml_version=self._system("nvmlSystemGetNVMLVersion"),
+            duration_s=time.monotonic() - t0,
+        )
+
+    def _system(self, name: str) -> str | None:
+        try:
+            return _text(getattr(self.lib, name)())
+        except (self.lib.NVMLError, AttributeError):
+            return None
+
+    def wait_xid(self, timeout_s: float) -> list[XidEvent]:
+        """Xids delivered by NVML's event API within ``timeout_s`` (empty on timeout)."""
+        self._start()
+        lib = self.lib
+        if self._event_set is None:
+            self._event_set = lib.nvmlEventSetCreate()
+            for i in range(int(lib.nvmlDeviceGetCount())):
+                try:
+                    h = lib.nvmlDeviceGetHandleByIndex(i)
+                    lib.nvmlDeviceRegisterEvents(
+                        h, lib.nvmlEventTypeXidCriticalError, self._event_set
+                    )
+                except lib.NVMLError:
+                    continue
+        try:
+            data = lib.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
+        except lib.NVMLError:
+            return []
+        try:
+            bus = normalize_pci_bus_id(_text(lib.nvmlDeviceGetPciInfo(data.device).busId))
+        except (lib.NVMLError, ValueError):
+            bus = "unknown"
+        xid = int(data.eventData)
+        return [
+            XidEvent(
+                xid=xid,
+                pci_bus_id=bus,
+                message="reported by NVML event API",
+                raw=f"nvmlEventTypeXidCriticalError xid={xid}",
+                ts=self._clock(),
+            )
+        ]

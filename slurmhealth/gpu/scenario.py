@@ -1,0 +1,352 @@
+"""Scenario files for the simulated NVML: parsing, validation and presets.
+
+A scenario is TOML (format in ``docs/scenarios.md``). Loading flattens every GPU into a
+dict of dotted field paths (``temperature``, ``nvlink.7.state``) so faults can address any
+field the same way. Every error names the file and the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+import uuid as uuidlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmhealth.errors import ScenarioError
+
+CLOCK_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+}
+FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
+# groups of NVML calls a scenario can mark unsupported (they raise NVMLError_NotSupported)
+SUPPORT_GROUPS = (
+    "serial", "minor_number", "persistence_mode", "temperature", "margin_temperature",
+    "power", "power_limit", "energy", "utilization", "memory", "clocks", "clock_event_reasons",
+    "pcie", "pcie_replay", "ecc", "row_remap", "retired_pages", "nvlink", "nvlink_errors",
+    "fabric", "processes",
+)  # fmt: skip
+
+GPU_FIELDS: dict[str, type] = {
+    "name": str, "uuid": str, "serial": str, "pci_bus_id": str, "minor_number": int,
+    "persistence_mode": bool, "temperature": int, "margin_temperature": int,
+    "power_usage_w": float, "power_limit_w": float, "energy_j": float,
+    "utilization_gpu": int, "utilization_memory": int,
+    "memory_total_mib": int, "memory_used_mib": int,
+    "sm_clock": int, "sm_clock_max": int, "mem_clock": int, "clock_event_reasons": list,
+    "pcie_gen": int, "pcie_gen_max": int, "pcie_width": int, "pcie_width_max": int,
+    "pcie_replay": int, "ecc_enabled": bool, "ecc_volatile_uncorrectable": int,
+    "ecc_volatile_correctable": int, "ecc_aggregate_uncorrectable": int,
+    "remapped_rows_correctable": int, "remapped_rows_uncorrectable": int,
+    "remap_pending": bool, "remap_failure": bool, "retired_pages_pending": bool,
+    "fabric_state": str, "fabric_status": str, "processes": list,
+    "lost": bool, "reset_required": bool, "hang": bool, "hang_s": float,
+    "not_supported": list, "nvlink_count": int,
+}  # fmt: skip
+NVLINK_FIELDS: dict[str, type] = {
+    "state": str, "remote_pci_bus_id": str, "version": int,
+    "replay": int, "recovery": int, "crc_flit": int, "crc_data": int,
+}  # fmt: skip
+NODE_KEYS = {"preset", "gpus", "driver_version", "nvml_version", "all_gpus", "gpu", "faults"}
+TOP_KEYS = NODE_KEYS | {"name", "description", "expect", "nodes"}
+
+_H100_BUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
+_SWITCH_OF_LINK = [0] * 5 + [1] * 4 + [2] * 4 + [3] * 5  # DGX H100: 4 NVSwitches, 5/4/4/5
+
+
+def _preset(preset: str, node: str, index: int) -> dict[str, Any]:
+    """Healthy, idle GPU of a given model, as a flat field dict."""
+    bus = _H100_BUS[index] if index < len(_H100_BUS) else f"{0xE0 + index:02x}"
+    base: dict[str, Any] = {
+        "uuid": "GPU-" + str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}/{preset}/{index}")),
+        "serial": f"16549220{index:05d}",
+        "pci_bus_id": f"00000000:{bus.upper()}:00.0",
+        "minor_number": index,
+        "persistence_mode": True,
+        "temperature": 33 + index % 3,
+        "margin_temperature": 52,
+        "utilization_gpu": 0,
+        "utilization_memory": 0,
+        "memory_used_mib": 0,
+        "mem_clock": 2619,
+        "clock_event_reasons": ["gpu_idle"],
+        "pcie_gen": 5,
+        "pcie_gen_max": 5,
+        "pcie_width": 16,
+        "pcie_width_max": 16,
+        "pcie_replay": 0,
+        "ecc_enabled": True,
+        "ecc_volatile_uncorrectable": 0,
+        "ecc_volatile_correctable": 0,
+        "ecc_aggregate_uncorrectable": 0,
+        "remapped_rows_correctable": 0,
+        "remapped_rows_uncorrectable": 0,
+        "remap_pending": False,
+        "remap_failure": False,
+        "retired_pages_pending": False,
+        "fabric_state": "completed",
+        "fabric_status": "ok",
+        "processes": [],
+        "lost": False,
+        "reset_required": False,
+        "hang": False,
+        "hang_s": 600.0,
+        "not_supported": [],
+        "energy_j": 1.5e6 + index * 1000.0,
+    }
+    if preset == "h100-sxm":
+        base |= {
+            "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "power_usage_w": 71.0,
+            "power_limit_w": 700.0, "sm_clock": 345, "sm_clock_max": 1980, "nvlink_count": 18,
+        }  # fmt: skip
+        switches = [f"00000000:{5 + s:02X}:00.0" for s in range(4)]
+        remote = [switches[_SWITCH_OF_LINK[link]] for link in range(18)]
+        version = 4
+    elif preset == "a100-sxm4":
+        base |= {
+            "name": "NVIDIA A100-SXM4-80GB", "memory_total_mib": 81920, "power_usage_w": 60.0,
+            "power_limit_w": 400.0, "sm_clock": 210, "sm_clock_max": 1410, "nvlink_count": 12,
+            "pcie_gen": 4, "pcie_gen_max": 4, "mem_clock": 1593,
+        }  # fmt: skip
+        remote = [f"00000000:{0xC4 + link % 6:02X}:00.0" for link in range(12)]
+        version = 3
+    elif preset == "v100-sxm2":
+        base |= {
+            "name": "Tesla V100-SXM2-32GB", "memory_total_mib": 32768, "power_usage_w": 42.0,
+            "power_limit_w": 300.0, "sm_clock": 135, "sm_clock_max": 1530, "nvlink_count": 6,
+            "pcie_gen": 3, "pcie_gen_max": 3, "mem_clock": 877, "fabric_state": "not_supported",
+            "not_supported": ["row_remap", "margin_temperature", "fabric"],
+        }  # fmt: skip
+        remote = [f"00000000:{_H100_BUS[(index + 1 + link) % 8].upper()}:00.0" for link in range(6)]
+        version = 2
+    else:
+        raise KeyError(preset)
+    for link, rem in enumerate(remote):
+        p = f"nvlink.{link}."
+        base |= {p + "state": "active", p + "remote_pci_bus_id": rem, p + "version": version}
+        base |= {p + counter: 0 for counter in ("replay", "recovery", "crc_flit", "crc_data")}
+    return base
+
+
+PRESETS = ("h100-sxm", "a100-sxm4", "v100-sxm2")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A change that starts ``at`` seconds into the scenario (and ends at ``until``)."""
+
+    at: float
+    gpus: tuple[int, ...] | None  # None: every GPU
+    set: Mapping[str, Any] = field(default_factory=dict)
+    rate: Mapping[str, float] = field(default_factory=dict)  # added per second after ``at``
+    until: float | None = None
+    xid: int | None = None
+    xid_message: str = ""
+
+
+@dataclass(frozen=True)
+class NodeScenario:
+    node: str
+    driver_version: str
+    nvml_version: str
+    gpus: tuple[dict[str, Any], ...]  # flat field dict per GPU index
+    faults: tuple[Fault, ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    path: str
+    name: str
+    description: str
+    data: Mapping[str, Any]
+    expect: Mapping[str, Any]
+
+    def for_node(self, node: str) -> NodeScenario:
+        return _build_node(self.path, self.data, node)
+
+
+def _flatten(prefix: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out |= _flatten(path + ".", value)
+        else:
+            out[path] = value
+    return out
+
+
+def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool = False) -> None:
+    parts = path.split(".")
+    if parts[0] == "nvlink" and len(parts) == 3 and parts[1].isdigit():
+        tp: type | None = NVLINK_FIELDS.get(parts[2])
+    else:
+        tp = GPU_FIELDS.get(path)
+    if tp is None:
+        raise ScenarioError(src, f"{where}.{path}", "unknown field (see docs/scenarios.md)")
+    if numeric_only:
+        tp = float
+    ok = (
+        (tp is bool and isinstance(value, bool))
+        or (tp is int and isinstance(value, int) and not isinstance(value, bool))
+        or (tp is float and isinstance(value, int | float) and not isinstance(value, bool))
+        or (tp is str and isinstance(value, str))
+        or (tp is list and isinstance(value, list))
+    )
+    if not ok:
+        raise ScenarioError(src, f"{where}.{path}", f"expected {tp.__name__}, got {value!r}")
+    if path == "fabric_state" and value not in FABRIC_STATES:
+        raise ScenarioError(src, f"{where}.{path}", f"must be one of {', '.join(FABRIC_STATES)}")
+    if path.endswith(".state") and parts[0] == "nvlink" and value not in ("active", "inactive"):
+        raise ScenarioError(src, f"{where}.{path}", "must be 'active' or 'inactive'")
+    if path == "clock_event_reasons":
+        bad = [r for r in value if r not in CLOCK_REASONS]
+        if bad:
+            raise ScenarioError(src, f"{where}.{path}", f"unknown reason(s) {bad}")
+    if path == "not_supported":
+        bad = [g for g in value if g not in SUPPORT_GROUPS]
+        if bad:
+            raise ScenarioError(src, f"{where}.{path}", f"unknown group(s) {bad}")
+
+
+def _gpu_list(src: str, where: str, value: Any, count: int) -> tuple[int, ...] | None:
+    if value is None or value == "all":
+        return None
+    items = value if isinstance(value, list) else [value]
+    for i in items:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < count:
+            raise ScenarioError(src, where, f"GPU index {i!r} outside 0..{count - 1}")
+    return tuple(items)
+
+
+def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
+    if not isinstance(raw, dict):
+        raise ScenarioError(src, where, "expected a table")
+    known = {"at", "until", "gpu", "node", "set", "rate", "xid", "xid_message", "note"}
+    for key in raw:
+        if key not in known:
+            raise ScenarioError(src, f"{where}.{key}", f"unknown key (known: {sorted(known)})")
+    sets = _flatten("", raw.get("set", {}))
+    rates = _flatten("", raw.get("rate", {}))
+    for path, value in sets.items():
+        _check_field(src, f"{where}.set", path, value)
+    for path, value in rates.items():
+        _check_field(src, f"{where}.rate", path, value, numeric_only=True)
+    at, until, xid = raw.get("at", 0.0), raw.get("until"), raw.get("xid")
+    if isinstance(at, bool) or not isinstance(at, int | float) or at < 0:
+        raise ScenarioError(src, f"{where}.at", "expected seconds >= 0")
+    if until is not None and (not isinstance(until, int | float) or until <= at):
+        raise ScenarioError(src, f"{where}.until", "expected seconds after 'at'")
+    if xid is not None and (isinstance(xid, bool) or not isinstance(xid, int) or xid <= 0):
+        raise ScenarioError(src, f"{where}.xid", "expected a positive integer")
+    if not (sets or rates or xid):
+        raise ScenarioError(src, where, "a fault needs 'set', 'rate' or 'xid'")
+    return Fault(
+        at=float(at),
+        gpus=_gpu_list(src, f"{where}.gpu", raw.get("gpu"), count),
+        set=sets,
+        rate={k: float(v) for k, v in rates.items()},
+        until=None if until is None else float(until),
+        xid=xid,
+        xid_message=str(raw.get("xid_message", "")),
+    )
+
+
+def _merged_node(src: str, data: Mapping[str, Any], node: str) -> dict[str, Any]:
+    spec = {k: v for k, v in data.items() if k in NODE_KEYS}
+    override = data.get("nodes", {}).get(node) or data.get("nodes", {}).get("*")
+    if override:
+        for key, value in override.items():
+            if key not in NODE_KEYS:
+                raise ScenarioError(src, f"nodes.{node}.{key}", "unknown key")
+            if key == "gpu":
+                spec["gpu"] = {**spec.get("gpu", {}), **value}
+            elif key == "faults":
+                spec["faults"] = [*spec.get("faults", []), *value]
+            else:
+                spec[key] = value
+    return spec
+
+
+def _build_node(src: str, data: Mapping[str, Any], node: str) -> NodeScenario:
+    spec = _merged_node(src, data, node)
+    preset = spec.get("preset", "h100-sxm")
+    if preset not in PRESETS:
+        raise ScenarioError(src, "preset", f"unknown preset {preset!r} (known: {PRESETS})")
+    count = spec.get("gpus", 8)
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
+        raise ScenarioError(src, "gpus", "expected a GPU count 0..64")
+    all_gpus = _flatten("", spec.get("all_gpus", {}))
+    per_gpu = spec.get("gpu", {})
+    if not isinstance(per_gpu, dict):
+        raise ScenarioError(src, "gpu", "expected tables [gpu.N]")
+    for key in per_gpu:
+        if not key.isdigit() or int(key) >= count:
+            raise ScenarioError(src, f"gpu.{key}", f"GPU index outside 0..{count - 1}")
+    gpus = []
+    for i in range(count):
+        state = _preset(preset, node, i)
+        for where, table in (
+            ("all_gpus", all_gpus),
+            (f"gpu.{i}", _flatten("", per_gpu.get(str(i), {}))),
+        ):
+            for path, value in table.items():
+                _check_field(src, where, path, value)
+                state[path] = value
+        for link in range(state["nvlink_count"], 64):
+            if f"nvlink.{link}.state" in state:
+                raise ScenarioError(src, f"gpu.{i}.nvlink.{link}", "link beyond nvlink_count")
+        gpus.append(state)
+    faults = spec.get("faults", [])
+    if not isinstance(faults, list):
+        raise ScenarioError(src, "faults", "expected an array of tables [[faults]]")
+    parsed = tuple(
+        _parse_fault(src, f"faults[{n}]", raw, count)
+        for n, raw in enumerate(faults)
+        if not isinstance(raw, dict) or raw.get("node") in (None, node)
+    )
+    return NodeScenario(
+        node=node,
+        driver_version=str(spec.get("driver_version", "550.90.07")),
+        nvml_version=str(spec.get("nvml_version", "12.550.90.07")),
+        gpus=tuple(gpus),
+        faults=parsed,
+    )
+
+
+def load_scenario(path: str) -> Scenario:
+    """Read and validate a scenario file; raises :class:`ScenarioError` naming file and key."""
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScenarioError(path, None, "file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(path, None, f"cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(path, None, f"invalid TOML: {exc}") from None
+    for key in data:
+        if key not in TOP_KEYS:
+            raise ScenarioError(path, key, f"unknown key (known: {', '.join(sorted(TOP_KEYS))})")
+    nodes = data.get("nodes", {})
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ScenarioError(path, "nodes", "expected tables [nodes.NAME]")
+    for name in [*nodes, "__default__"]:  # validate every node now, not at first use
+        _build_node(path, data, name)
+    expect = data.get("expect", {})
+    if not isinstance(expect, dict):
+        raise ScenarioError(path, "expect", "expected a table")
+    return Scenario(
+        path=path,
+        name=str(data.get("name", path.rsplit("/", 1)[-1].removesuffix(".toml"))),
+        description=str(data.get("description", "")),
+        data=data,
+        expect=expect,
+    )

@@ -1,0 +1,384 @@
+"""A simulated NVML library that stands in for the ``pynvml`` module itself.
+
+``SimulatedNvml(scenario, node)`` has the same function names, arguments and return shapes
+as the subset of ``pynvml`` that :class:`slurmhealth.gpu.nvml.NvmlBackend` calls, and raises
+pynvml's own exception classes, so ``NvmlBackend(lib=SimulatedNvml(...))`` runs the real
+adapter code. Time-varying faults are evaluated against a scenario clock:
+``t = now - epoch`` (epoch: config ``gpu.sim_epoch`` or the scenario file's mtime), so every
+process on a node sees the same timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from slurmhealth.gpu.scenario import CLOCK_REASONS, FABRIC_STATES, NodeScenario, Scenario
+
+_CONSTANTS = (
+    "NVMLError", "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM",
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", "NVML_MEMORY_ERROR_TYPE_CORRECTED",
+    "NVML_VOLATILE_ECC", "NVML_AGGREGATE_ECC", "NVML_FEATURE_ENABLED",
+    "NVML_NVLINK_MAX_LINKS", "NVML_NVLINK_ERROR_DL_REPLAY", "NVML_NVLINK_ERROR_DL_RECOVERY",
+    "NVML_NVLINK_ERROR_DL_CRC_FLIT", "NVML_NVLINK_ERROR_DL_CRC_DATA",
+    "NVML_GPU_FABRIC_STATE_COMPLETED", "nvmlEventTypeXidCriticalError",
+    "c_nvmlGpuFabricInfo_t", "c_nvmlUtilization_t", "c_nvmlMemory_t",
+    "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED",
+    "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_TIMEOUT", "NVML_ERROR_UNINITIALIZED",
+    "NVML_SUCCESS",
+)  # fmt: skip
+
+_ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
+    "ok": pynvml.NVML_SUCCESS,
+    "timeout": pynvml.NVML_ERROR_TIMEOUT,
+    "unknown": pynvml.NVML_ERROR_UNKNOWN,
+    "not_ready": getattr(pynvml, "NVML_ERROR_NOT_READY", pynvml.NVML_ERROR_UNKNOWN),
+}
+
+
+@dataclass(frozen=True)
+class SimHandle:
+    index: int
+
+
+@dataclass(frozen=True)
+class _PciInfo:
+    busId: bytes
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    usedGpuMemory: int | None
+
+
+@dataclass(frozen=True)
+class _EventData:
+    device: SimHandle
+    eventType: int
+    eventData: int
+    gpuInstanceId: int = 0xFFFFFFFF
+    computeInstanceId: int = 0xFFFFFFFF
+
+
+class SimulatedNvml:
+    """Stand-in for the ``pynvml`` module, for one node of a scenario."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        node: str,
+        *,
+        epoch: float = 0.0,
+        kernel_log_path: str = "",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        for name in _CONSTANTS:
+            setattr(self, name, getattr(pynvml, name))
+        self.scenario = scenario
+        self.node: NodeScenario = scenario.for_node(node)
+        self._clock = clock
+        self.epoch = epoch or os.stat(scenario.path).st_mtime
+        self.kernel_log_path = kernel_log_path or os.path.join(
+            tempfile.gettempdir(),
+            f"slurmhealth-sim-{os.getuid()}",
+            f"{scenario.name}-{node}.kmsg",
+        )
+        self._release = threading.Event()  # wakes calls hung by a fault when closing
+        self._initialized = False
+        self._delivered: set[int] = set()  # xid faults already handed to an event set
+        self.calls = 0
+
+    # -- scenario clock and fields -------------------------------------------------
+    def now(self) -> float:
+        """Seconds since the scenario started."""
+        return self._clock() - self.epoch
+
+    def field(self, index: int, path: str) -> Any:
+        value = self.node.gpus[index][path]
+        t = self.now()
+        for fault in self.node.faults:
+            if t < fault.at or (fault.until is not None and t >= fault.until):
+                continue
+            if fault.gpus is not None and index not in fault.gpus:
+                continue
+            if path in fault.set:
+                value = fault.set[path]
+            if path in fault.rate:
+                value = value + fault.rate[path] * (t - fault.at)
+        return value
+
+    def _device(self, handle: SimHandle, group: str | None = None) -> int:
+        self._require_init()
+        self.calls += 1
+        i = handle.index
+        if self.field(i, "hang"):
+            self._release.wait(self.field(i, "hang_s"))
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+        if self.field(i, "lost"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if self.field(i, "reset_required"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_RESET_REQUIRED)
+        if group is not None and group in self.field(i, "not_supported"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return i
+
+    def _require_init(self) -> None:
+        if not self._initialized:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    # -- library -------------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        self._initialized = True
+        self.write_kernel_log()
+
+    def nvmlShutdown(self) -> None:
+        self._initialized = False
+        self._release.set()
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._require_init()
+        return self.node.driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._require_init()
+        return self.node.nvml_version
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._require_init()
+        return len(self.node.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimHandle:
+        self._require_init()
+        if not 0 <= index < len(self.node.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        handle = SimHandle(index)
+        self._device(handle)
+        return handle
+
+    # -- identity ------------------------------------------------------------------
+    def nvmlDeviceGetUUID(self, h: SimHandle) -> str:
+        return str(self.field(self._device(h), "uuid"))
+
+    def nvmlDeviceGetName(self, h: SimHandle) -> str:
+        return str(self.field(self._device(h), "name"))
+
+    def nvmlDeviceGetSerial(self, h: SimHandle) -> str:
+        return str(self.field(self._device(h, "serial"), "serial"))
+
+    def nvmlDeviceGetPciInfo(self, h: SimHandle) -> _PciInfo:
+        return _PciInfo(str(self.field(self._device(h), "pci_bus_id")).encode())
+
+    def nvmlDeviceGetMinorNumber(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "minor_number"), "minor_number"))
+
+    def nvmlDeviceGetPersistenceMode(self, h: SimHandle) -> int:
+        return int(bool(self.field(self._device(h, "persistence_mode"), "persistence_mode")))
+
+    # -- thermals, power, utilisation, memory, clocks --------------------------------
+    def nvmlDeviceGetTemperature(self, h: SimHandle, sensor: int) -> int:
+        return int(self.field(self._device(h, "temperature"), "temperature"))
+
+    def nvmlDeviceGetMarginTemperature(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "margin_temperature"), "margin_temperature"))
+
+    def nvmlDeviceGetPowerUsage(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "power"), "power_usage_w") * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "power_limit"), "power_limit_w") * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "energy"), "energy_j") * 1000)
+
+    def nvmlDeviceGetUtilizationRates(self, h: SimHandle) -> Any:
+        i = self._device(h, "utilization")
+        return pynvml.c_nvmlUtilization_t(
+            gpu=int(self.field(i, "utilization_gpu")),
+            memory=int(self.field(i, "utilization_memory")),
+        )
+
+    def nvmlDeviceGetMemoryInfo(self, h: SimHandle) -> Any:
+        i = self._device(h, "memory")
+        total = int(self.field(i, "memory_total_mib")) << 20
+        used = int(self.field(i, "memory_used_mib")) << 20
+        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetClockInfo(self, h: SimHandle, kind: int) -> int:
+        i = self._device(h, "clocks")
+        return int(self.field(i, "sm_clock" if kind == pynvml.NVML_CLOCK_SM else "mem_clock"))
+
+    def nvmlDeviceGetMaxClockInfo(self, h: SimHandle, kind: int) -> int:
+        i = self._device(h, "clocks")
+        return int(self.field(i, "sm_clock_max" if kind == pynvml.NVML_CLOCK_SM else "mem_clock"))
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: SimHandle) -> int:
+        i = self._device(h, "clock_event_reasons")
+        mask = 0
+        for reason in self.field(i, "clock_event_reasons"):
+            mask |= CLOCK_REASONS[reason]
+        return mask
+
+    # -- PCIe ------------------------------------------------------------------------
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "pcie"), "pcie_gen"))
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "pcie"), "pcie_gen_max"))
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "pcie"), "pcie_width"))
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "pcie"), "pcie_width_max"))
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: SimHandle) -> int:
+        return int(self.field(self._device(h, "pcie_replay"), "pcie_replay"))
+
+    # -- memory errors ---------------------------------------------------------------
+    def nvmlDeviceGetEccMode(self, h: SimHandle) -> list[int]:
+        on = int(bool(self.field(self._device(h, "ecc"), "ecc_enabled")))
+        return [on, on]
+
+    def nvmlDeviceGetTotalEccErrors(self, h: SimHandle, kind: int, counter: int) -> int:
+        i = self._device(h, "ecc")
+        if kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            name = "volatile" if counter == pynvml.NVML_VOLATILE_ECC else "aggregate"
+            return int(self.field(i, f"ecc_{name}_uncorrectable"))
+        if counter == pynvml.NVML_VOLATILE_ECC:
+            return int(self.field(i, "ecc_volatile_correctable"))
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def nvmlDeviceGetRemappedRows(self, h: SimHandle) -> tuple[int, int, int, int]:
+        i = self._device(h, "row_remap")
+        return (
+            int(self.field(i, "remapped_rows_correctable")),
+            int(self.field(i, "remapped_rows_uncorrectable")),
+            int(bool(self.field(i, "remap_pending"))),
+            int(bool(self.field(i, "remap_failure"))),
+        )
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: SimHandle) -> int:
+        return int(bool(self.field(self._device(h, "retired_pages"), "retired_pages_pending")))
+
+    # -- NVLink ----------------------------------------------------------------------
+    def _link(self, h: SimHandle, link: int, group: str = "nvlink") -> int:
+        i = self._device(h, group)
+        if not 0 <= link < int(self.field(i, "nvlink_count")):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return i
+
+    def nvmlDeviceGetNvLinkState(self, h: SimHandle, link: int) -> int:
+        i = self._link(h, link)
+        return int(self.field(i, f"nvlink.{link}.state") == "active")
+
+    def nvmlDeviceGetNvLinkVersion(self, h: SimHandle, link: int) -> int:
+        return int(self.field(self._link(h, link), f"nvlink.{link}.version"))
+
+    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: SimHandle, link: int) -> _PciInfo:
+        i = self._link(h, link)
+        return _PciInfo(str(self.field(i, f"nvlink.{link}.remote_pci_bus_id")).encode())
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: SimHandle, link: int, counter: int) -> int:
+        i = self._link(h, link, "nvlink_errors")
+        name = {
+            pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+            pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+        }.get(counter)
+        if name is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return int(self.field(i, f"nvlink.{link}.{name}"))
+
+    # -- fabric, processes -----------------------------------------------------------
+    def nvmlDeviceGetGpuFabricInfo(self, h: SimHandle, ref: Any) -> int:
+        i = self._device(h, "fabric")
+        state = self.field(i, "fabric_state")
+        if state == "not_supported":
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = ref._obj  # ctypes.byref(struct)
+        info.state = FABRIC_STATES.index(state)
+        info.status = _ERRORS.get(self.field(i, "fabric_status"), pynvml.NVML_ERROR_UNKNOWN)
+        return int(pynvml.NVML_SUCCESS)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: SimHandle) -> list[_Process]:
+        i = self._device(h, "processes")
+        return [
+            _Process(int(p.get("pid", 0)), int(p["used_mib"]) << 20 if "used_mib" in p else None)
+            for p in self.field(i, "processes")
+        ]
+
+    # -- events (Xid) ----------------------------------------------------------------
+    def nvmlEventSetCreate(self) -> list[SimHandle]:
+        self._require_init()
+        return []
+
+    def nvmlDeviceRegisterEvents(self, h: SimHandle, types: int, event_set: list[Any]) -> None:
+        self._device(h)
+        event_set.append(h)
+
+    def nvmlEventSetFree(self, event_set: list[Any]) -> None:
+        event_set.clear()
+
+    def nvmlEventSetWait_v2(self, event_set: list[SimHandle], timeout_ms: int) -> _EventData:
+        self._require_init()
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            for n, fault in enumerate(self.node.faults):
+                if fault.xid is None or n in self._delivered or self.now() < fault.at:
+                    continue
+                for h in event_set:
+                    if fault.gpus is None or h.index in fault.gpus:
+                        self._delivered.add(n)
+                        self.write_kernel_log()
+                        return _EventData(h, pynvml.nvmlEventTypeXidCriticalError, fault.xid)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
+            if self._release.wait(min(left, 0.05)):
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    nvmlEventSetWait = nvmlEventSetWait_v2
+
+    # -- kernel log ------------------------------------------------------------------
+    def kernel_log_lines(self, boot_time: float) -> list[str]:
+        """The kmsg records the scenario's Xid faults have produced by now."""
+        from slurmhealth.kernel_log import format_kmsg_record
+
+        lines = []
+        for n, fault in enumerate(self.node.faults):
+            if fault.xid is None or self.now() < fault.at:
+                continue
+            usec = max(0, int((self.epoch + fault.at - boot_time) * 1e6))
+            for g in fault.gpus if fault.gpus is not None else range(len(self.node.gpus)):
+                bus = str(self.node.gpus[g]["pci_bus_id"]).split(":", 1)[1].rsplit(".", 1)[0]
+                text = (
+                    f"NVRM: Xid (PCI:0000:{bus.lower()}): {fault.xid}, pid=4242, name=python3, "
+                    f"{fault.xid_message or 'simulated fault'}"
+                )
+                lines.append(format_kmsg_record(1000 + n * 64 + g, usec, text))
+        return lines
+
+    def write_kernel_log(self) -> None:
+        """Append records not yet in the file (append-only, so readers' cursors stay valid)."""
+        with open("/proc/uptime", encoding="ascii") as fh:
+            boot = time.time() - float(fh.read().split()[0])
+        lines = self.kernel_log_lines(boot)
+        path = self.kernel_log_path
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "a+", encoding="utf-8") as fh:
+                fh.seek(0)
+                have = {line.split(";", 1)[0].split(",")[1] for line in fh if "," in line}
+                new = [ln for ln in lines if ln.split(",")[1] not in have]
+                fh.writelines(ln + "\n" for ln in new)
+        except OSError:
+            pass  # the simulator's kernel log is best effort, like the real one

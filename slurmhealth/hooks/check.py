@@ -1,0 +1,193 @@
+"""One health-check run: snapshot the GPUs, read new Xids, run the catalog, record it.
+
+Used by ``slurmhealth check`` and (with another phase) by the prolog, epilog and
+``validate``. The decision never depends on the history being writable: when the database
+cannot be written the records go to the spool, and the result is the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmhealth.config import Config
+from slurmhealth.model import Finding, NodeSnapshot, Severity
+
+log = logging.getLogger("slurmhealth.check")
+
+COUNTERS_KEY = "nvlink_counters"
+CURSOR_KEY = "kernel_log_cursor"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    run_id: str
+    node: str
+    phase: str
+    job_id: str | None
+    snapshot: NodeSnapshot
+    findings: tuple[Finding, ...]
+    duration_s: float
+    recorded: bool = True
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def worst(self) -> Severity:
+        return max((f.severity for f in self.findings), default=Severity.OK)
+
+    @property
+    def status(self) -> str:
+        if self.worst >= Severity.FAIL:
+            return "fail"
+        return "warn" if self.worst >= Severity.WARN else "ok"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.status == "fail" else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "slurmhealth.check/1",
+            "run_id": self.run_id,
+            "node": self.node,
+            "phase": self.phase,
+            "job_id": self.job_id,
+            "ts": self.snapshot.ts,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.snapshot.ts)),
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "duration_s": round(self.duration_s, 4),
+            "driver_version": self.snapshot.driver_version,
+            "recorded": self.recorded,
+            "notes": list(self.notes),
+            "gpus": [
+                {
+                    "index": g.index,
+                    "uuid": g.uuid,
+                    "name": g.name,
+                    "pci_bus_id": g.pci_bus_id,
+                    "status": g.status.value,
+                }
+                for g in self.snapshot.gpus
+            ],
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _merge_counters(previous: Any, snapshot: NodeSnapshot) -> dict[str, Any]:
+    from slurmhealth.checks.nvlink import counters_of
+
+    gpus = dict(previous.get("gpus", {})) if isinstance(previous, dict) else {}
+    gpus.update(counters_of(snapshot))
+    return {"ts": snapshot.ts, "gpus": gpus}
+
+
+def run_check(
+    cfg: Config,
+    *,
+    gpus: Sequence[int] | None = None,
+    phase: str = "check",
+    job_id: str | None = None,
+) -> CheckResult:
+    """Run the checks on ``gpus`` (default all) and record the run. Raises only for setup
+    errors (bad scenario, NVML that cannot start), never for a broken history."""
+    from slurmhealth.checks import CheckContext, run_checks, validate_settings
+    from slurmhealth.gpu import open_backend
+    from slurmhealth.kernel_log import KernelLogReader
+    from slurmhealth.store import Batch, History
+
+    t0 = time.monotonic()
+    validate_settings(cfg.checks.settings, cfg.checks.disabled, "config")
+    history = History(cfg.paths.db, spool_path=cfg.spool_path)
+    notes: list[str] = []
+    try:
+        previous = history.kv_get(COUNTERS_KEY)
+        cursor = history.kv_get(CURSOR_KEY)
+    except Exception as exc:  # an unreadable history must not stop the check
+        notes.append(f"history unreadable ({type(exc).__name__}: {exc}); rates skipped")
+        previous, cursor = None, None
+    backend = open_backend(cfg)
+    try:
+        snapshot = backend.snapshot(gpus)
+        source = cfg.kernel_log.source
+        if source == "auto":
+            source = backend.kernel_log_hint or "kmsg"
+    finally:
+        backend.close()
+    reader = KernelLogReader(
+        source, lookback_s=cfg.kernel_log.lookback_s, budget_s=cfg.kernel_log.budget_s
+    )
+    log_read = reader.read_new(cursor, time.time())
+    if log_read.error:
+        notes.append(f"kernel log {source}: {log_read.error}")
+    ctx = CheckContext(
+        snapshot=snapshot,
+        phase=phase,
+        gpus=None if gpus is None else tuple(gpus),
+        expected_count=cfg.gpu.expected_count,
+        expected_driver=cfg.gpu.expected_driver,
+        nvlinks_per_model=cfg.gpu.nvlinks_per_model,
+        previous_counters=previous,
+        xids=log_read.events,
+    )
+    findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
+    duration = time.monotonic() - t0
+    result = CheckResult(
+        run_id=uuid.uuid4().hex,
+        node=snapshot.node,
+        phase=phase,
+        job_id=job_id,
+        snapshot=snapshot,
+        findings=tuple(findings),
+        duration_s=duration,
+        notes=tuple(notes),
+    )
+    batch = Batch(
+        inserts=[("check_runs", _run_row(result, cfg))]
+        + [("findings", _finding_row(result, f)) for f in findings],
+        kv={COUNTERS_KEY: _merge_counters(previous, snapshot), CURSOR_KEY: log_read.cursor},
+    )
+    recorded = history.write(batch)
+    history.close()
+    if not recorded:
+        return dataclasses.replace(result, recorded=False)
+    return result
+
+
+def _run_row(result: CheckResult, cfg: Config) -> dict[str, Any]:
+    return {
+        "run_id": result.run_id,
+        "ts": result.snapshot.ts,
+        "node": result.node,
+        "job_id": result.job_id,
+        "phase": result.phase,
+        "gpus": [g.index for g in result.snapshot.gpus],
+        "status": result.status,
+        "exit_code": result.exit_code,
+        "duration_s": result.duration_s,
+        "backend": cfg.gpu.backend,
+        "error": result.snapshot.error,
+    }
+
+
+def _finding_row(result: CheckResult, f: Finding) -> dict[str, Any]:
+    return {
+        "run_id": result.run_id,
+        "ts": result.snapshot.ts,
+        "node": result.node,
+        "job_id": result.job_id,
+        "check_name": f.check,
+        "severity": f.severity.label,
+        "severity_value": int(f.severity),
+        "gpu": f.gpu,
+        "uuid": f.uuid,
+        "message": f.message,
+        "action": f.action.value,
+        "hint": f.hint,
+        "evidence": dict(f.evidence),
+    }

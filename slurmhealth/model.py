@@ -1,0 +1,231 @@
+"""Plain, frozen data shared by every layer.
+
+Nothing here talks to the outside world. Units are in the field names or docstrings;
+``None`` always means "unknown / not supported", never zero.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Severity(enum.IntEnum):
+    """How bad a finding is. Ordered by value: ``max()`` of findings is the run's verdict."""
+
+    OK = 0
+    INFO = 10
+    WARN = 20
+    FAIL = 30
+    CRITICAL = 40
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> Severity:
+        try:
+            return cls[text.strip().upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r}") from None
+
+
+class Action(enum.StrEnum):
+    """What an operator (or the prolog) should do about a finding.
+
+    ``reset`` needs a GPU reset or a reboot, so like ``drain`` it keeps jobs off the node.
+    """
+
+    RECORD = "record"
+    WARN = "warn"
+    DRAIN = "drain"
+    RESET = "reset"
+
+    @property
+    def takes_node_out(self) -> bool:
+        return self in (Action.DRAIN, Action.RESET)
+
+
+class GpuStatus(enum.StrEnum):
+    OK = "ok"
+    LOST = "lost"  # NVML_ERROR_GPU_IS_LOST: fell off the bus
+    RESET_REQUIRED = "reset_required"
+    UNRESPONSIVE = "unresponsive"  # a read missed the snapshot deadline
+    ERROR = "error"  # any other failure to read the device
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing a check noticed. ``evidence`` holds the values that prove it."""
+
+    check: str
+    severity: Severity
+    message: str
+    action: Action
+    hint: str = ""
+    gpu: int | None = None
+    uuid: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def failing(self) -> bool:
+        return self.severity >= Severity.FAIL
+
+    def sort_key(self) -> tuple[int, int, str, str]:
+        return (-int(self.severity), -1 if self.gpu is None else self.gpu, self.check, self.message)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "check": self.check,
+            "severity": self.severity.label,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "message": self.message,
+            "action": self.action.value,
+            "hint": self.hint,
+            "evidence": dict(self.evidence),
+        }
+
+
+@dataclass(frozen=True)
+class NvLink:
+    """One NVLink of a GPU (``nvidia-smi nvlink -s`` / ``-e``). Counters are cumulative."""
+
+    link: int
+    active: bool | None
+    remote_pci_bus_id: str | None = None
+    version: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_flit_errors: int | None = None
+    crc_data_errors: int | None = None
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_memory_bytes: int | None
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """Everything read from one GPU in one pass (``nvidia-smi -q -i N``).
+
+    Temperatures in degrees C, power in W, energy in J, memory in bytes, clocks in MHz,
+    utilisation in percent (0-100) as NVML reports it.
+    """
+
+    index: int
+    status: GpuStatus = GpuStatus.OK
+    error: str | None = None
+    uuid: str | None = None
+    name: str | None = None
+    pci_bus_id: str | None = None
+    serial: str | None = None
+    minor_number: int | None = None  # N of /dev/nvidiaN, what gres.conf File= names
+    persistence_mode: bool | None = None
+    temperature_c: int | None = None
+    margin_temperature_c: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    energy_j: float | None = None
+    utilization_gpu_pct: int | None = None
+    utilization_memory_pct: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    clock_event_reasons: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    pcie_replay_errors: int | None = None
+    ecc_enabled: bool | None = None
+    ecc_volatile_uncorrectable: int | None = None
+    ecc_volatile_correctable: int | None = None
+    ecc_aggregate_uncorrectable: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_pages_pending: bool | None = None
+    nvlinks: tuple[NvLink, ...] | None = None
+    fabric_state: str | None = None  # not_started | in_progress | completed
+    fabric_status: str | None = None  # "ok" or NVML's error text for the fabric
+    processes: tuple[GpuProcess, ...] | None = None
+
+    @property
+    def readable(self) -> bool:
+        return self.status is GpuStatus.OK
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """One node's GPUs at one moment. ``ts`` is UTC seconds since the epoch."""
+
+    node: str
+    ts: float
+    gpus: tuple[GpuState, ...]
+    device_count: int | None = None  # what the driver enumerates, all GPUs of the node
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    duration_s: float = 0.0
+    error: str | None = None  # node-level read failure (NVML did not start or answer)
+
+    def gpu(self, index: int) -> GpuState | None:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        return None
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One ``NVRM: Xid`` kernel-log line.
+
+    ``pci_bus_id`` is normalised (see :func:`slurmhealth.model.normalize_pci_bus_id`);
+    ``ts`` is UTC seconds when known.
+    """
+
+    xid: int
+    pci_bus_id: str
+    message: str
+    raw: str
+    ts: float | None = None
+    pid: int | None = None
+    process_name: str | None = None
+    gpu_instance: str | None = None  # MIG "GPU-I:05"
+    seq: int | None = None
+
+
+def normalize_pci_bus_id(text: str) -> str:
+    """Return ``dddd:bb:dd.f`` in lower case for any spelling NVML or the kernel log uses.
+
+    NVML: ``00000000:53:00.0``; kernel log: ``0000:53:00`` or ``PCI:0000:53:00``.
+    Raises ``ValueError`` for text that is not a PCI address.
+    """
+    t = text.strip().lower()
+    if t.startswith("pci:"):
+        t = t[4:]
+    func = "0"
+    if "." in t:
+        t, func = t.rsplit(".", 1)
+    parts = t.split(":")
+    if len(parts) == 2:
+        parts = ["0", *parts]
+    if len(parts) != 3 or not func.isdigit():
+        raise ValueError(f"not a PCI bus id: {text!r}")
+    domain, bus, dev = parts
+    try:
+        d, b, v, f = int(domain, 16), int(bus, 16), int(dev, 16), int(func, 16)
+    except ValueError:
+        raise ValueError(f"not a PCI bus id: {text!r}") from None
+    if d > 0xFFFF or b > 0xFF or v > 0x1F or f > 7:
+        raise ValueError(f"not a PCI bus id: {text!r}")
+    return f"{d:04x}:{b:02x}:{v:02x}.{f}"

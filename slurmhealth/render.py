@@ -1,0 +1,76 @@
+"""Rendering for people (rich tables) and machines (versioned JSON). No logic."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+SEVERITY_STYLE = {"critical": "bold red", "fail": "red", "warn": "yellow", "info": "cyan"}
+
+
+def utc(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    styles: Sequence[str | None] | None = None,
+) -> None:
+    """Print a table with rich; ``styles`` gives one style per row (or None)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_lines=False, expand=False)
+    for col in columns:
+        t.add_column(col, overflow="fold")
+    for n, row in enumerate(rows):
+        style = styles[n] if styles and n < len(styles) else None
+        t.add_row(*("-" if v is None else str(v) for v in row), style=style)
+    Console(soft_wrap=False).print(t)
+
+
+def check_result(data: dict[str, Any]) -> None:
+    """Print a check result (the dict of ``CheckResult.to_dict``)."""
+    from rich.console import Console
+
+    console = Console()
+    gpus = ", ".join(str(g["index"]) for g in data["gpus"]) or "none"
+    status = data["status"]
+    colour = {"ok": "green", "warn": "yellow", "fail": "red"}[status]
+    console.print(
+        f"[bold]{data['node']}[/bold] {data['phase']} at {data['time']}: "
+        f"[{colour}]{status.upper()}[/{colour}] on GPU(s) {gpus} "
+        f"in {data['duration_s'] * 1000:.0f} ms"
+    )
+    findings = data["findings"]
+    if findings:
+        table(
+            None,
+            ["GPU", "UUID", "check", "severity", "message", "action"],
+            [
+                (f["gpu"], f["uuid"], f["check"], f["severity"], f["message"], f["action"])
+                for f in findings
+            ],
+            [SEVERITY_STYLE.get(f["severity"]) for f in findings],
+        )
+        hints = []
+        for f in findings:
+            if f["severity"] in ("fail", "critical") and f["hint"] not in hints:
+                hints.append(f["hint"])
+        for hint in hints:
+            console.print(f"  hint: {hint}", highlight=False)
+    for note in data["notes"]:
+        console.print(f"  note: {note}", style="dim", highlight=False)
+    if not data["recorded"]:
+        console.print("  note: history not writable; this run was spooled", style="yellow")
