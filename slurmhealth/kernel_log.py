@@ -1,0 +1,405 @@
+"""Read NVIDIA Xid lines from the kernel log (``dmesg | grep 'NVRM: Xid'``).
+
+An adapter: it reads ``/dev/kmsg``, ``journalctl -k``, ``dmesg`` or a file, remembers where
+it stopped in a JSON-able cursor so an old Xid never fires twice, and never raises on odd
+input or an unreadable source (it says so in :class:`ReadResult` instead).
+Times are UTC seconds since the epoch; kernel timestamps are microseconds since boot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from slurmhealth.model import XidEvent, normalize_pci_bus_id
+
+_XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-f]{1,8}:[0-9a-f]{1,2}:[0-9a-f]{1,2}(?:\.[0-7])?)"
+    r"(?:\s+(?P<gi>GPU-I:[0-9a-z]{1,8})(?:\s+GPU-CI:[0-9a-z]{1,8})?)?\):\s*"
+    r"(?P<xid>[0-9]{1,5})(?![0-9])(?P<rest>.*)",
+    re.ASCII | re.IGNORECASE | re.DOTALL,
+)
+_PID_RE = re.compile(r"pid=(?P<v>'[^']*'|<[^>]*>|[^,\s]*)\s*,?\s*", re.ASCII)
+_NAME_RE = re.compile(r"name=(?P<v>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)", re.ASCII)
+# /dev/kmsg: "prio,seq,usec,flags[,caller=..];text" then " KEY=value" dictionary lines.
+_KMSG_RE = re.compile(r"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20})(?:,[^;]*)?;(.*)", re.DOTALL)
+# dmesg / dmesg --raw: "[12345.678901] text" or "<6>[12345.678901] text".
+_DMESG_RE = re.compile(r"(?:<[0-9]{1,4}>)?\[\s*([0-9]{1,12})\.([0-9]{1,9})\] ?(.*)", re.DOTALL)
+# journalctl -k -o short: "Nov 30 07:00:00 host kernel: text".
+_JOURNAL_RE = re.compile(
+    r"[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? \S+ kernel: (.*)",
+    re.DOTALL,
+)
+_DICT_RE = re.compile(r"[ \t]+[A-Z_][A-Z0-9_]*=")
+_XID_MARK = "NVRM: Xid ("
+_MAX_LINE = 65536
+_SUBPROCESS_MIN_S = 0.5
+
+
+def _unquote(value: str) -> str | None:
+    v = value.strip().strip("'\"")
+    return None if v in ("", "<unknown>") else v
+
+
+def parse_xid(text: str, *, seq: int | None = None, ts: float | None = None) -> XidEvent | None:
+    """Parse one ``NVRM: Xid (...)`` kernel-log line; ``None`` for anything else, never raises.
+
+    Understands ``NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python3, <message>``, the
+    older forms without pid/name or without ``PCI:``, and MIG's ``(PCI:.. GPU-I:05 GPU-CI:01)``.
+    """
+    try:
+        m = _XID_RE.search(text)
+        if m is None:
+            return None
+        bus = normalize_pci_bus_id(m["bus"])
+        rest = m["rest"].lstrip(" \t,")
+        pid: int | None = None
+        name: str | None = None
+        pm = _PID_RE.match(rest)
+        if pm is not None:
+            p = _unquote(pm["v"])
+            pid = int(p) if p is not None and p.isascii() and p.isdigit() else None
+            rest = rest[pm.end() :]
+            nm = _NAME_RE.match(rest)
+            if nm is not None:
+                name = _unquote(nm["v"])
+                rest = rest[nm.end() :]
+        return XidEvent(
+            xid=int(m["xid"]),
+            pci_bus_id=bus,
+            message=rest.strip(),
+            raw=text.rstrip("\r\n"),
+            ts=ts,
+            pid=pid,
+            process_name=name,
+            gpu_instance=m["gi"].upper() if m["gi"] else None,
+            seq=seq,
+        )
+    except (ValueError, TypeError):
+        return None
+
+
+def parse_line(line: str) -> tuple[int | None, int | None, str]:
+    """Split one log line into ``(kmsg seq, usec since boot, message text)``, never raises.
+
+    Forms: ``/dev/kmsg`` records (``6,1234,5678901,-;text``), ``dmesg`` (``[12.345678] text``,
+    also ``dmesg --raw``), ``journalctl -k`` short lines and plain text. kmsg dictionary
+    lines (`` KEY=value``) give empty text. Unknown parts are ``None``.
+    """
+    line = line.rstrip("\r\n")
+    if _DICT_RE.match(line):
+        return None, None, ""
+    m = _KMSG_RE.fullmatch(line)
+    if m is not None:
+        return int(m[2]), int(m[3]), m[4]
+    jm = _JOURNAL_RE.fullmatch(line)
+    if jm is not None:
+        line = jm[1]
+    dm = _DMESG_RE.fullmatch(line)
+    if dm is not None:
+        return None, int(dm[1]) * 1_000_000 + int(dm[2].ljust(6, "0")[:6]), dm[3]
+    return None, None, line
+
+
+def format_kmsg_record(seq: int, usec: int, text: str, prio: int = 3) -> str:
+    """Return ``text`` as one ``/dev/kmsg`` record line, without the trailing newline.
+
+    ``usec`` is microseconds since boot; newlines in ``text`` are escaped as the kernel does.
+    """
+    if seq < 0 or usec < 0 or not 0 <= prio <= 191:
+        raise ValueError(f"bad kmsg record fields: seq={seq} usec={usec} prio={prio}")
+    body = text.replace("\\", "\\x5c").replace("\n", "\\x0a").replace("\r", "\\x0d")
+    return f"{prio},{seq},{usec},-;{body}"
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What one :meth:`KernelLogReader.read_new` call found.
+
+    ``cursor`` is JSON-able; pass it to the next call. ``available`` is False when the source
+    could not be read at all (then ``cursor`` is the one passed in). ``error`` is one line:
+    why the source is unavailable, or that the read was partial (capped).
+    """
+
+    events: tuple[XidEvent, ...]
+    cursor: dict[str, Any]
+    available: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class _Record:
+    text: str
+    ts: float | None  # UTC seconds
+    seq: int | None
+    mark: dict[str, Any]  # the cursor just after this record
+
+
+@dataclass
+class _Scan:
+    """One read in progress. A source sets ``cursor``/``first`` before its first record."""
+
+    cursor: dict[str, Any]
+    first: bool = True
+    error: str | None = None  # a source's own "partial read" note
+
+
+class _Unavailable(Exception):
+    """The source cannot be read; the message becomes ``ReadResult.error``."""
+
+
+def _ts(boot: float | None, usec: int | None) -> float | None:
+    return None if boot is None or usec is None else boot + usec / 1e6
+
+
+def _read_first_line(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.readline().strip() or None
+    except OSError:
+        return None
+
+
+_Records = Iterator[_Record | None]  # None: an already-seen record, skipped
+
+
+class KernelLogReader:
+    """Read new Xid events from the kernel log, from a stored cursor.
+
+    ``source``: ``"kmsg"`` (``/dev/kmsg``), ``"journalctl"`` (``journalctl -k``), ``"dmesg"``
+    (``dmesg --raw``), ``"none"`` (disabled) or a path to a file of kmsg-format or plain lines.
+    With no cursor, or one from another boot or file, only records from the last
+    ``lookback_s`` seconds count. One read stops after ``max_records`` new records or
+    ``budget_s`` seconds. ``boot_time`` (UTC seconds) overrides ``now - /proc/uptime``.
+    """
+
+    kmsg_path = "/dev/kmsg"
+    boot_id_path = "/proc/sys/kernel/random/boot_id"
+    uptime_path = "/proc/uptime"
+    journalctl_cmd: tuple[str, ...] = ("journalctl",)
+    dmesg_cmd: tuple[str, ...] = ("dmesg",)
+
+    def __init__(
+        self,
+        source: str,
+        *,
+        lookback_s: float = 3600.0,
+        max_records: int = 100_000,
+        budget_s: float = 1.0,
+        boot_time: float | None = None,
+    ) -> None:
+        self.source = source
+        self.lookback_s = lookback_s
+        self.max_records = max(1, max_records)
+        self.budget_s = budget_s
+        self.boot_time = boot_time
+
+    def read_new(self, cursor: dict[str, Any] | None, now: float) -> ReadResult:
+        """Return the Xid events logged after ``cursor`` and the cursor to store next."""
+        cur = dict(cursor) if cursor else {}
+        if self.source == "none":
+            return ReadResult((), cur, False, None)
+        deadline = time.monotonic() + self.budget_s
+        scan = _Scan(cur)
+        try:
+            with contextlib.ExitStack() as stack:
+                if self.source == "kmsg":
+                    recs = self._kmsg(scan, now, stack)
+                elif self.source == "journalctl":
+                    recs = self._journalctl(scan, now, deadline)
+                elif self.source == "dmesg":
+                    recs = self._dmesg(scan, now, deadline)
+                else:
+                    recs = self._file(scan, now, stack)
+                return self._drain(recs, scan, now, deadline)
+        except _Unavailable as e:
+            return ReadResult((), cur, False, str(e))
+        except Exception as e:  # an adapter never raises: report and keep the cursor
+            return ReadResult((), cur, False, f"kernel log ({self.source}): {e!r}"[:300])
+
+    def _drain(self, recs: _Records, scan: _Scan, now: float, deadline: float) -> ReadResult:
+        candidates: list[_Record] = []
+        any_time = False
+        n = 0
+        for rec in recs:
+            if rec is not None:
+                n += 1
+                scan.cursor = rec.mark
+                any_time = any_time or rec.ts is not None
+                if _XID_MARK in rec.text:
+                    candidates.append(rec)
+                if n >= self.max_records:
+                    scan.error = f"partial read: stopped after {n} records (max_records)"
+                    break
+            if time.monotonic() >= deadline:
+                scan.error = f"partial read: {self.budget_s:g} s budget spent after {n} records"
+                break
+        cutoff = now - self.lookback_s
+        events = []
+        for rec in candidates:
+            if scan.first and (any_time if rec.ts is None else rec.ts < cutoff):
+                continue  # first read: only recent records (untimed ones if nothing has times)
+            ev = parse_xid(rec.text, seq=rec.seq, ts=rec.ts)
+            if ev is not None:
+                events.append(ev)
+        return ReadResult(tuple(events), scan.cursor, True, scan.error)
+
+    def _boot(self, now: float) -> float | None:
+        """Boot time in UTC seconds: ``boot_time`` if given, else now - /proc/uptime."""
+        if self.boot_time is None:
+            with contextlib.suppress(ValueError, IndexError):
+                return now - float((_read_first_line(self.uptime_path) or "").split()[0])
+        return self.boot_time
+
+    def _kmsg(self, scan: _Scan, now: float, stack: contextlib.ExitStack) -> _Records:
+        boot_id = _read_first_line(self.boot_id_path) or "unknown"
+        cur = scan.cursor
+        scan.first = not (cur.get("source") == "kmsg" and cur.get("boot_id") == boot_id)
+        last = cur["seq"] if not scan.first and isinstance(cur.get("seq"), int) else -1
+        scan.cursor = {"source": "kmsg", "boot_id": boot_id, "seq": last}
+        try:
+            fd = os.open(self.kmsg_path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            raise _Unavailable(f"cannot open {self.kmsg_path}: {e.strerror or e}") from None
+        stack.callback(os.close, fd)
+        boot = self._boot(now)
+        while True:
+            try:
+                chunk = os.read(fd, 8192)  # one record per read on the real /dev/kmsg
+            except BlockingIOError:
+                return  # EAGAIN: no more records
+            except BrokenPipeError:
+                continue  # EPIPE: records were overwritten before we read them
+            except OSError as e:
+                raise _Unavailable(f"cannot read {self.kmsg_path}: {e.strerror or e}") from None
+            if not chunk:
+                return
+            for raw in chunk.decode("utf-8", "replace").split("\n"):
+                seq, usec, text = parse_line(raw)
+                if seq is None:
+                    continue  # dictionary lines
+                if seq <= last:
+                    yield None
+                    continue
+                last = seq
+                mark = {"source": "kmsg", "boot_id": boot_id, "seq": seq}
+                yield _Record(text, _ts(boot, usec), seq, mark)
+
+    def _file(self, scan: _Scan, now: float, stack: contextlib.ExitStack) -> _Records:
+        """A file of kmsg-format or plain lines; the cursor holds its inode and byte offset."""
+        path, cur = self.source, scan.cursor
+        try:
+            f = stack.enter_context(open(path, "rb"))  # noqa: SIM115
+            st = os.fstat(f.fileno())
+        except OSError as e:
+            raise _Unavailable(f"cannot read kernel log file {path}: {e.strerror or e}") from None
+        ident = {"source": "file", "path": path, "inode": st.st_ino, "dev": st.st_dev}
+        off, line, seq = cur.get("offset"), cur.get("line"), cur.get("seq")
+        scan.first = not (
+            all(cur.get(k) == v for k, v in ident.items())
+            and isinstance(off, int)
+            and 0 <= off <= st.st_size
+            and isinstance(line, int)
+        )
+        if scan.first or not isinstance(off, int) or not isinstance(line, int):
+            off, line, seq = 0, 0, None
+        scan.cursor = {**ident, "offset": off, "line": line, "seq": seq}
+        f.seek(off)
+        boot = self._boot(now)
+        while True:
+            raw = f.readline(_MAX_LINE)
+            if not raw or (not raw.endswith(b"\n") and len(raw) < _MAX_LINE):
+                return  # end of file, or a line still being written
+            off += len(raw)
+            line += 1
+            rseq, usec, text = parse_line(raw.decode("utf-8", "replace"))
+            seq = rseq if rseq is not None else seq
+            mark = {**ident, "offset": off, "line": line, "seq": seq}
+            yield _Record(text, _ts(boot, usec), rseq, mark)
+
+    def _run(self, argv: list[str], deadline: float, scan: _Scan) -> tuple[int, str, str]:
+        """Run ``argv`` under the budget; return (rc, stdout, first stderr line)."""
+        timeout = max(deadline - time.monotonic(), _SUBPROCESS_MIN_S)
+        try:
+            p = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+            )
+        except (FileNotFoundError, PermissionError) as e:
+            raise _Unavailable(f"cannot run {argv[0]}: {e.strerror or e}") from None
+        except subprocess.TimeoutExpired as e:
+            scan.error = f"partial read: {argv[0]} ran past the time budget"
+            text = (e.stdout if isinstance(e.stdout, bytes) else b"").decode("utf-8", "replace")
+            return 0, text[: text.rfind("\n") + 1], ""  # drop a cut-off last line
+        err = p.stderr.decode("utf-8", "replace").strip().splitlines()
+        return p.returncode, p.stdout.decode("utf-8", "replace"), err[0] if err else ""
+
+    def _journalctl(self, scan: _Scan, now: float, deadline: float) -> _Records:
+        argv = [*self.journalctl_cmd, "-k", "-o", "json", "--no-pager", "-q"]
+        since = ["--since", f"@{max(0, int(now - self.lookback_s))}"]
+        jc = scan.cursor.get("cursor") if scan.cursor.get("source") == "journalctl" else None
+        scan.first = not (isinstance(jc, str) and jc)
+        rc, out, err = self._run(
+            argv + (since if scan.first else ["--after-cursor", str(jc)]), deadline, scan
+        )
+        if rc != 0 and not scan.first:  # the stored cursor is gone (journal vacuumed)
+            scan.first, jc = True, None
+            rc, out, err = self._run(argv + since, deadline, scan)
+        if rc != 0:
+            raise _Unavailable(f"journalctl exited {rc}: {err or 'no message'}"[:300])
+        scan.cursor = mark = {"source": "journalctl", "cursor": jc}
+        for line in out.splitlines():
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(obj, dict):
+                continue
+            msg = obj.get("MESSAGE")
+            if isinstance(msg, list):  # non-UTF-8 messages come as a list of byte values
+                msg = bytes(b & 0xFF for b in msg if isinstance(b, int)).decode("utf-8", "replace")
+            if isinstance(obj.get("__CURSOR"), str):
+                mark = {"source": "journalctl", "cursor": obj["__CURSOR"]}
+            try:
+                ts: float | None = int(obj["__REALTIME_TIMESTAMP"]) / 1e6
+            except (KeyError, TypeError, ValueError):
+                ts = None
+            yield _Record(msg if isinstance(msg, str) else "", ts, None, mark)
+
+    def _dmesg(self, scan: _Scan, now: float, deadline: float) -> _Records:
+        """``dmesg`` has no sequence numbers: a record is new if (usec, n-th at usec) is."""
+        rc, out, err = self._run([*self.dmesg_cmd, "--raw"], deadline, scan)
+        if rc != 0:
+            raise _Unavailable(f"dmesg exited {rc}: {err or 'no message'}"[:300])
+        boot_id = _read_first_line(self.boot_id_path) or "unknown"
+        cur = scan.cursor
+        last, n_at = cur.get("usec"), cur.get("n_at")
+        scan.first = not (
+            cur.get("source") == "dmesg"
+            and cur.get("boot_id") == boot_id
+            and isinstance(last, int)
+            and isinstance(n_at, int)
+        )
+        if scan.first or not isinstance(last, int) or not isinstance(n_at, int):
+            last, n_at = -1, 0
+        scan.cursor = {"source": "dmesg", "boot_id": boot_id, "usec": last, "n_at": n_at}
+        seen_at_last, cur_usec, cur_n, boot = 0, last, n_at, self._boot(now)
+        for line in out.splitlines():
+            _, usec, text = parse_line(line)
+            if usec is None:
+                continue  # continuation lines of multi-line messages
+            if usec == last:
+                seen_at_last += 1
+            if usec < last or (usec == last and seen_at_last <= n_at):
+                yield None
+                continue
+            cur_n = cur_n + 1 if usec == cur_usec else 1
+            cur_usec = usec
+            mark = {"source": "dmesg", "boot_id": boot_id, "usec": usec, "n_at": cur_n}
+            yield _Record(text, _ts(boot, usec), None, mark)
