@@ -211,8 +211,7 @@ def config_check(ctx: Ctx) -> None:
     from slurmhealth.checks import validate_settings
 
     cfg = ctx.config()
-    source = next((s for s in cfg.sources.values() if s.startswith("/")), "config")
-    validate_settings(cfg.checks.settings, cfg.checks.disabled, source)
+    validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     if cfg.gpu.backend == "sim":
         from slurmhealth.gpu.scenario import load_scenario
 

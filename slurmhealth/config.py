@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -85,7 +84,7 @@ class Config:
 
     @property
     def node_name(self) -> str:
-        return self.node.name or socket.gethostname().split(".")[0]
+        return self.node.name or os.uname().nodename.split(".")[0]
 
     @property
     def spool_path(self) -> str:

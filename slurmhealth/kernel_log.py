@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -326,6 +325,8 @@ class KernelLogReader:
 
     def _run(self, argv: list[str], deadline: float, scan: _Scan) -> tuple[int, str, str]:
         """Run ``argv`` under the budget; return (rc, stdout, first stderr line)."""
+        import subprocess  # only journalctl/dmesg need it; kmsg and files stay fast
+
         timeout = max(deadline - time.monotonic(), _SUBPROCESS_MIN_S)
         try:
             p = subprocess.run(

@@ -28,27 +28,32 @@ def table(
     styles: Sequence[str | None] | None = None,
 ) -> None:
     """Print a table with rich; ``styles`` gives one style per row (or None)."""
-    from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=title, title_justify="left", show_lines=False, expand=False)
     for col in columns:
         t.add_column(col, overflow="fold")
     for n, row in enumerate(rows):
         style = styles[n] if styles and n < len(styles) else None
-        t.add_row(*("-" if v is None else str(v) for v in row), style=style)
-    Console(soft_wrap=False).print(t)
+        # Text(): values are data, never markup or emoji codes (":ab:" in a PCI id)
+        t.add_row(*(Text("-" if v is None else str(v)) for v in row), style=style)
+    console().print(t)
+
+
+def console() -> Any:
+    from rich.console import Console
+
+    return Console(soft_wrap=False, emoji=False, highlight=False)
 
 
 def check_result(data: dict[str, Any]) -> None:
     """Print a check result (the dict of ``CheckResult.to_dict``)."""
-    from rich.console import Console
-
-    console = Console()
+    out = console()
     gpus = ", ".join(str(g["index"]) for g in data["gpus"]) or "none"
     status = data["status"]
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}[status]
-    console.print(
+    out.print(
         f"[bold]{data['node']}[/bold] {data['phase']} at {data['time']}: "
         f"[{colour}]{status.upper()}[/{colour}] on GPU(s) {gpus} "
         f"in {data['duration_s'] * 1000:.0f} ms"
@@ -69,8 +74,8 @@ def check_result(data: dict[str, Any]) -> None:
             if f["severity"] in ("fail", "critical") and f["hint"] not in hints:
                 hints.append(f["hint"])
         for hint in hints:
-            console.print(f"  hint: {hint}", highlight=False)
+            out.print(f"  hint: {hint}", markup=False)
     for note in data["notes"]:
-        console.print(f"  note: {note}", style="dim", highlight=False)
+        out.print(f"  note: {note}", style="dim", markup=False)
     if not data["recorded"]:
-        console.print("  note: history not writable; this run was spooled", style="yellow")
+        out.print("  note: history not writable; this run was spooled", style="yellow")

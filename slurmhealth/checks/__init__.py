@@ -7,7 +7,6 @@ serves ``slurmhealth check``, the prolog, the epilog and the sidecar.
 
 from __future__ import annotations
 
-import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -104,14 +103,19 @@ def catalog() -> dict[str, CheckSpec]:
 
 
 def validate_settings(
-    settings: Mapping[str, Mapping[str, Any]], disabled: Iterable[str], source: str
+    settings: Mapping[str, Mapping[str, Any]],
+    disabled: Iterable[str],
+    sources: Mapping[str, str],
 ) -> None:
-    """Refuse unknown check names and threshold keys in ``[checks.*]``."""
+    """Refuse unknown check names and threshold keys in ``[checks.*]``; errors name the file
+    (from ``sources``, the config's provenance map) and the key."""
     specs = catalog()
     for name in disabled:
         if name not in specs:
+            source = sources.get("checks.disabled", "config")
             raise ConfigError(source, "checks.disabled", f"unknown check {name!r}")
     for name, table in settings.items():
+        source = sources.get(f"checks.{name}", "config")
         if name not in specs:
             raise ConfigError(source, f"checks.{name}", "unknown check (see `slurmhealth checks`)")
         for key, value in table.items():
@@ -140,6 +144,8 @@ def run_checks(
         try:
             out.extend(spec.fn(ctx, th))
         except Exception as exc:  # fail open, loudly
+            import traceback
+
             out.append(
                 Finding(
                     check=spec.name,

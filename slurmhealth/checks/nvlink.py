@@ -41,7 +41,7 @@ def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]
     out = []
     for g in readable(ctx):
         expected = ctx.nvlinks_per_model.get(g.name or "")
-        if g.nvlinks is None and not expected:
+        if g.nvlinks is None:  # NVLink state not supported: unknown, never a failure
             continue
         state = {link.link: link for link in g.nvlinks or ()}
         if expected:
@@ -93,7 +93,9 @@ def nvlink_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         grown: dict[int, dict[str, float]] = {}
         for key, value in now.get(g.uuid or "", {}).items():
             old = before.get(key)
-            if isinstance(old, int) and value > old:  # lower: counters reset by a driver reload
+            if (
+                isinstance(old, int | float) and value > old
+            ):  # lower: counters reset by a driver reload
                 link_no, name = key.split(".", 1)
                 grown.setdefault(int(link_no), {})[name] = (value - old) / dt
         for link, rates in sorted(grown.items()):

@@ -71,8 +71,11 @@ class _Reader:
     def call(self, name: str, *args: Any) -> Any:
         """Call ``lib.<name>``; unknown -> None; lost/reset -> :class:`_GpuGone`."""
         self.current = name
+        fn = getattr(self.lib, name, None)
+        if fn is None:  # an older pynvml without this function: unknown
+            return None
         try:
-            return getattr(self.lib, name)(*args)
+            return fn(*args)
         except self.lib.NVMLError as exc:
             code = getattr(exc, "value", None)
             if code == self._lost:
@@ -81,8 +84,6 @@ class _Reader:
                 raise _GpuGone(GpuStatus.RESET_REQUIRED, f"{name}: GPU requires reset") from None
             if code not in self._unknown:
                 self.errors.append(f"{name}: {exc}")
-            return None
-        except AttributeError:  # an older pynvml without this function
             return None
 
     def run(self) -> None:
@@ -115,8 +116,8 @@ class _Reader:
         retired = None if rows is not None else c("nvmlDeviceGetRetiredPagesPendingStatus", h)
         return GpuState(
             index=self.index,
-            uuid=_text(c("nvmlDeviceGetUUID", h)),
-            name=_text(c("nvmlDeviceGetName", h)),
+            uuid=_opt_text(c("nvmlDeviceGetUUID", h)),
+            name=_opt_text(c("nvmlDeviceGetName", h)),
             pci_bus_id=None if pci is None else _text(pci.busId),
             serial=_opt_text(c("nvmlDeviceGetSerial", h)),
             minor_number=c("nvmlDeviceGetMinorNumber", h),

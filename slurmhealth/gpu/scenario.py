@@ -210,6 +210,12 @@ def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool
         bad = [r for r in value if r not in CLOCK_REASONS]
         if bad:
             raise ScenarioError(src, f"{where}.{path}", f"unknown reason(s) {bad}")
+    if path == "processes":
+        for p in value:
+            if not isinstance(p, dict) or not isinstance(p.get("pid"), int):
+                raise ScenarioError(src, f"{where}.{path}", "expected [{ pid = N, used_mib = M }]")
+            if not isinstance(p.get("used_mib", 0), int) or set(p) - {"pid", "used_mib", "name"}:
+                raise ScenarioError(src, f"{where}.{path}", "entries take pid, used_mib, name")
     if path == "not_supported":
         bad = [g for g in value if g not in SUPPORT_GROUPS]
         if bad:
@@ -261,13 +267,29 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
 
 def _merged_node(src: str, data: Mapping[str, Any], node: str) -> dict[str, Any]:
     spec = {k: v for k, v in data.items() if k in NODE_KEYS}
-    override = data.get("nodes", {}).get(node) or data.get("nodes", {}).get("*")
+    nodes = data.get("nodes", {})
+    name = node if node in nodes else "*"
+    override = nodes.get(name)
     if override:
         for key, value in override.items():
+            where = f"nodes.{name}.{key}"
             if key not in NODE_KEYS:
-                raise ScenarioError(src, f"nodes.{node}.{key}", "unknown key")
-            if key == "gpu":
-                spec["gpu"] = {**spec.get("gpu", {}), **value}
+                raise ScenarioError(src, where, "unknown key")
+            if key in ("gpu", "all_gpus") and not isinstance(value, dict):
+                raise ScenarioError(src, where, "expected a table")
+            tables = value.items() if key == "gpu" else [("", value)] if key == "all_gpus" else []
+            for index, table in tables:
+                if not isinstance(table, dict):
+                    raise ScenarioError(src, f"{where}.{index}", "expected a table")
+                for path, v in _flatten("", table).items():  # errors name the node's table
+                    _check_field(src, f"{where}.{index}".rstrip("."), path, v)
+            if key == "gpu":  # merge per GPU: [nodes.n2.gpu.1] adds to [gpu.1]
+                merged = dict(spec.get("gpu", {}))
+                for index, table in value.items():
+                    merged[index] = {**merged.get(index, {}), **table}
+                spec["gpu"] = merged
+            elif key == "all_gpus":
+                spec["all_gpus"] = {**spec.get("all_gpus", {}), **value}
             elif key == "faults":
                 spec["faults"] = [*spec.get("faults", []), *value]
             else:

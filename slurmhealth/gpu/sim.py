@@ -11,7 +11,6 @@ process on a node sees the same timeline.
 from __future__ import annotations
 
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +31,8 @@ _CONSTANTS = (
     "c_nvmlGpuFabricInfo_t", "c_nvmlUtilization_t", "c_nvmlMemory_t",
     "NVML_ERROR_NOT_SUPPORTED", "NVML_ERROR_GPU_IS_LOST", "NVML_ERROR_RESET_REQUIRED",
     "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_TIMEOUT", "NVML_ERROR_UNINITIALIZED",
+    "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_FOUND",
     "NVML_SUCCESS",
 )  # fmt: skip
 
@@ -87,13 +88,13 @@ class SimulatedNvml:
         self._clock = clock
         self.epoch = epoch or os.stat(scenario.path).st_mtime
         self.kernel_log_path = kernel_log_path or os.path.join(
-            tempfile.gettempdir(),
+            os.environ.get("TMPDIR", "/tmp"),
             f"slurmhealth-sim-{os.getuid()}",
             f"{scenario.name}-{node}.kmsg",
         )
         self._release = threading.Event()  # wakes calls hung by a fault when closing
         self._initialized = False
-        self._delivered: set[int] = set()  # xid faults already handed to an event set
+        self._delivered: set[tuple[int, int]] = set()  # (fault, GPU) Xids already delivered
         self.calls = 0
 
     # -- scenario clock and fields -------------------------------------------------
@@ -333,11 +334,13 @@ class SimulatedNvml:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for n, fault in enumerate(self.node.faults):
-                if fault.xid is None or n in self._delivered or self.now() < fault.at:
+                if fault.xid is None or self.now() < fault.at:
                     continue
                 for h in event_set:
+                    if (n, h.index) in self._delivered:
+                        continue
                     if fault.gpus is None or h.index in fault.gpus:
-                        self._delivered.add(n)
+                        self._delivered.add((n, h.index))
                         self.write_kernel_log()
                         return _EventData(h, pynvml.nvmlEventTypeXidCriticalError, fault.xid)
             left = deadline - time.monotonic()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,7 +102,7 @@ def run_check(
     from slurmhealth.store import Batch, History
 
     t0 = time.monotonic()
-    validate_settings(cfg.checks.settings, cfg.checks.disabled, "config")
+    validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     history = History(cfg.paths.db, spool_path=cfg.spool_path)
     notes: list[str] = []
     try:
@@ -138,7 +138,7 @@ def run_check(
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
     duration = time.monotonic() - t0
     result = CheckResult(
-        run_id=uuid.uuid4().hex,
+        run_id=os.urandom(16).hex(),
         node=snapshot.node,
         phase=phase,
         job_id=job_id,

@@ -1,0 +1,52 @@
+"""Shared fixtures: an isolated environment for running slurmhealth on a simulated node."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO / "scenarios"
+
+
+@pytest.fixture
+def sim_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
+    """Environment for a `slurmhealth` process on a simulated node with its own history."""
+    (tmp_path / "config.toml").write_text("")
+
+    def make(scenario: str | Path = "healthy", **extra: str) -> dict[str, str]:
+        path = Path(scenario)
+        if not path.suffix:
+            path = SCENARIOS / f"{scenario}.toml"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURMHEALTH_", "SLURM"))}
+        env.update(
+            SLURMHEALTH_CONFIG=str(tmp_path / "config.toml"),
+            SLURMHEALTH_GPU_BACKEND="sim",
+            SLURMHEALTH_SIM_SCENARIO=str(path),
+            SLURMHEALTH_SIM_KERNEL_LOG=str(tmp_path / "kmsg"),
+            SLURMHEALTH_DB=str(tmp_path / "history.db"),
+            SLURMHEALTH_NODE_NAME="node1",
+        )
+        env.update(extra)
+        return env
+
+    return make
+
+
+def run_cli(
+    *args: str, env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run the real `slurmhealth` entry point in a new process."""
+    return subprocess.run(
+        [sys.executable, "-m", "slurmhealth", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
