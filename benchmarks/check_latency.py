@@ -67,6 +67,10 @@ def main() -> None:
     ap.add_argument("--imports", type=int, default=8)
     args = ap.parse_args()
     exe = str(Path(sys.executable).with_name("slurmhealth"))
+    # measure what a deployed install runs: byte-compiled modules (pip compiles on install)
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(REPO / "slurmhealth")], check=True
+    )
     with tempfile.TemporaryDirectory() as tmp:
         env = _env(tmp)
         for label, cmd in (("table", [exe, "check"]), ("json", [exe, "check", "--json"])):
