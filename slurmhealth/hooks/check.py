@@ -21,6 +21,8 @@ from slurmhealth.model import Finding, NodeSnapshot, Severity
 log = logging.getLogger("slurmhealth.check")
 
 COUNTERS_KEY = "nvlink_counters"
+INVENTORY_KEY = "gpu_inventory"
+_IDENTITY = ("uuid", "pci_bus_id", "serial", "name")
 CURSOR_KEY = "kernel_log_cursor"
 
 
@@ -87,6 +89,28 @@ def _merge_counters(previous: Any, snapshot: NodeSnapshot) -> dict[str, Any]:
     return {"ts": snapshot.ts, "gpus": gpus}
 
 
+def _inventory(previous: Any, snapshot: NodeSnapshot) -> dict[str, dict[str, Any]]:
+    """Last known identity of each GPU index (UUID, bus id, serial), updated from readable
+    GPUs, so a GPU that is lost or hung can still be named for the RMA ticket."""
+    inv = dict(previous) if isinstance(previous, dict) else {}
+    for g in snapshot.gpus:
+        if g.readable and g.uuid:
+            inv[str(g.index)] = {k: getattr(g, k) for k in _IDENTITY}
+    return inv
+
+
+def _with_known_identity(snapshot: NodeSnapshot, inventory: Any) -> NodeSnapshot:
+    if not isinstance(inventory, dict):
+        return snapshot
+    gpus = []
+    for g in snapshot.gpus:
+        known = inventory.get(str(g.index))
+        if not g.readable and g.uuid is None and isinstance(known, dict):
+            g = dataclasses.replace(g, **{k: known.get(k) for k in _IDENTITY})
+        gpus.append(g)
+    return dataclasses.replace(snapshot, gpus=tuple(gpus))
+
+
 def run_check(
     cfg: Config,
     *,
@@ -108,9 +132,10 @@ def run_check(
     try:
         previous = history.kv_get(COUNTERS_KEY)
         cursor = history.kv_get(CURSOR_KEY)
+        inventory = history.kv_get(INVENTORY_KEY)
     except Exception as exc:  # an unreadable history must not stop the check
         notes.append(f"history unreadable ({type(exc).__name__}: {exc}); rates skipped")
-        previous, cursor = None, None
+        previous, cursor, inventory = None, None, None
     backend = open_backend(cfg)
     try:
         snapshot = backend.snapshot(gpus)
@@ -119,6 +144,7 @@ def run_check(
             source = backend.kernel_log_hint or "kmsg"
     finally:
         backend.close()
+    snapshot = _with_known_identity(snapshot, inventory)
     reader = KernelLogReader(
         source, lookback_s=cfg.kernel_log.lookback_s, budget_s=cfg.kernel_log.budget_s
     )
@@ -150,7 +176,11 @@ def run_check(
     batch = Batch(
         inserts=[("check_runs", _run_row(result, cfg))]
         + [("findings", _finding_row(result, f)) for f in findings],
-        kv={COUNTERS_KEY: _merge_counters(previous, snapshot), CURSOR_KEY: log_read.cursor},
+        kv={
+            COUNTERS_KEY: _merge_counters(previous, snapshot),
+            CURSOR_KEY: log_read.cursor,
+            INVENTORY_KEY: _inventory(inventory, snapshot),
+        },
     )
     recorded = history.write(batch)
     history.close()

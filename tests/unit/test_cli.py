@@ -207,3 +207,16 @@ def test_every_command_has_help() -> None:
 
     for path, cmd in walk(cli):
         assert cmd.help, f"slurmhealth {' '.join(path)} has no help text"
+
+
+def test_lost_gpu_is_named_by_its_last_known_identity(sim_env, tmp_path: Path) -> None:
+    healthy = json.loads(run_cli("check", "--json", env=sim_env("healthy")).stdout)
+    gpu5 = next(g for g in healthy["gpus"] if g["index"] == 5)
+    proc = run_cli("check", "--json", env=sim_env("gpu-lost"))
+    assert proc.returncode == 1
+    findings = json.loads(proc.stdout)["findings"]
+    lost = next(f for f in findings if f["check"] == "gpu_lost")
+    xid = next(f for f in findings if f["check"] == "xid")
+    # NVML cannot read GPU 5 now; the history remembers which card it is
+    assert lost["gpu"] == 5 and lost["uuid"] == gpu5["uuid"]
+    assert xid["gpu"] == 5 and xid["evidence"]["xid"] == 79
