@@ -106,7 +106,13 @@ def _with_known_identity(snapshot: NodeSnapshot, inventory: Any) -> NodeSnapshot
     for g in snapshot.gpus:
         known = inventory.get(str(g.index))
         if not g.readable and g.uuid is None and isinstance(known, dict):
-            g = dataclasses.replace(g, **{k: known.get(k) for k in _IDENTITY})
+            g = dataclasses.replace(
+                g,
+                uuid=known.get("uuid"),
+                pci_bus_id=known.get("pci_bus_id"),
+                serial=known.get("serial"),
+                name=known.get("name"),
+            )
         gpus.append(g)
     return dataclasses.replace(snapshot, gpus=tuple(gpus))
 
