@@ -7,6 +7,7 @@ Exit codes: 0 healthy (or warnings only), 1 a failing finding, 2 usage or config
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
@@ -172,8 +173,11 @@ def history(
 
     cfg = ctx.config()
     start = parse_since(since, time.time())
-    with History(cfg.paths.db, spool_path=cfg.spool_path) as db:
-        runs = db.runs(node=node, job=job, since=start, limit=limit)
+    runs = []
+    for path in _history_paths(cfg, node):
+        with History(path) as db:
+            runs += db.runs(node=node, job=job, since=start, limit=limit)
+    runs = sorted(runs, key=lambda r: r["ts"], reverse=True)[:limit]
     if as_json:
         render.print_json({"schema": "slurmhealth.history/1", "runs": runs})
         return
@@ -193,9 +197,147 @@ def history(
             )
         )
     render.table(
-        f"history {cfg.paths.db}",
+        "history",
         ["time (UTC)", "node", "phase", "job", "status", "findings"],
         rows,
+    )
+
+
+def _hook_logging(name: str) -> None:
+    """Every log line of a hook names the job and node (they end up in slurmd's log)."""
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    fmt = f"slurmhealth {name}[job={job} node={node}]: %(levelname)s: %(message)s"
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(fmt))
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+
+
+def _hook(ctx: Ctx, name: str) -> None:
+    from slurmhealth.hooks.prolog import run_epilog, run_prolog
+
+    _hook_logging(name)
+    runner = run_prolog if name == "prolog" else run_epilog
+    result = runner(ctx.config(), os.environ)
+    drain = result.drain
+    summary = f"{result.status}" + (f"; {drain.state}: {drain.reason}" if drain else "")
+    if drain and drain.detail:
+        summary += f" ({drain.detail})"
+    logging.getLogger("slurmhealth.hooks").info("%s", summary)
+    sys.exit(result.exit_code)
+
+
+@cli.command(hidden=False)
+@pass_ctx
+def prolog(ctx: Ctx) -> None:
+    """Slurm Prolog: check the job's GPUs (SLURM_JOB_GPUS); on a failing check drain the
+    node with a precise reason and exit 1 so Slurm requeues the job elsewhere.
+
+    Run it through prolog/slurmhealth-prolog, which adds the time limit and fails open.
+    """
+    _hook(ctx, "prolog")
+
+
+@cli.command()
+@pass_ctx
+def epilog(ctx: Ctx) -> None:
+    """Slurm Epilog: record the job's end, re-check its GPUs and drain with a precise
+    reason when a fault appeared during the job. Always exits 0 on a decision."""
+    _hook(ctx, "epilog")
+
+
+@cli.command()
+@click.option("--node", help="Only this node.")
+@click.option("--limit", default=50, show_default=True, help="At most this many rows.")
+@json_option
+@pass_ctx
+def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
+    """Drains, suppressed drains and resumes recorded by slurmhealth, newest first."""
+    from slurmhealth import render
+    from slurmhealth.store import History
+
+    cfg = ctx.config()
+    rows = []
+    for path in _history_paths(cfg, node):
+        with History(path) as db:
+            where, params = ("node = ?", [node]) if node else (None, None)
+            rows += db.table_rows("drains", where, params, order_by="ts desc", limit=limit)
+    rows = sorted(rows, key=lambda r: r["ts"], reverse=True)[:limit]
+    if as_json:
+        render.print_json({"schema": "slurmhealth.drains/1", "drains": rows})
+        return
+    render.table(
+        "drains",
+        ["time (UTC)", "node", "state", "job", "reason", "by", "note"],
+        [
+            (
+                render.utc(r["ts"]),
+                r["node"],
+                r["state"],
+                r["job_id"],
+                r["reason"],
+                r["actor"],
+                (r["detail"] or {}).get("note", "") if isinstance(r["detail"], dict) else "",
+            )
+            for r in rows
+        ],
+    )
+
+
+def _history_paths(cfg: Any, node: str | None) -> list[str]:
+    """The history databases to read: this node's, or, when ``paths.db`` holds ``{node}``
+    (several nodes' histories on one host or a shared filesystem), each node's."""
+    if "{node}" not in cfg.paths.db:
+        return [cfg.db_path()]
+    if node:
+        path = cfg.db_path(node)
+        return [path] if os.path.exists(path) else []
+    import glob
+
+    return sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
+
+
+@cli.command()
+@click.argument("node")
+@click.option("--reason", required=True, help="Why it is fit again (recorded).")
+@click.option("--force", is_flag=True, help="Resume even if someone else drained it.")
+@pass_ctx
+def resume(ctx: Ctx, node: str, reason: str, force: bool) -> None:
+    """Return NODE to service if slurmhealth drained it (--force for any reason)."""
+    from slurmhealth.hooks.resume import resume_node
+
+    outcome = resume_node(ctx.config(), node, reason, force=force)
+    click.echo(outcome.message)
+    sys.exit(outcome.exit_code)
+
+
+@cli.command()
+@json_option
+@pass_ctx
+def nodes(ctx: Ctx, as_json: bool) -> None:
+    """Each node's Slurm state and reason next to its last recorded check."""
+    from slurmhealth import render
+    from slurmhealth.hooks.resume import node_overview
+
+    rows = node_overview(ctx.config())
+    if as_json:
+        render.print_json({"schema": "slurmhealth.nodes/1", "nodes": rows})
+        return
+    render.table(
+        "nodes",
+        ["node", "state", "reason", "last check (UTC)", "phase", "status", "worst finding"],
+        [
+            (
+                r["node"],
+                r["state"],
+                r["reason"],
+                render.utc(r["last_check_ts"]),
+                r["last_phase"],
+                r["last_status"],
+                r["worst_finding"],
+            )
+            for r in rows
+        ],
     )
 
 

@@ -63,6 +63,16 @@ class KernelLogConfig:
 @dataclass(frozen=True)
 class PolicyConfig:
     mode: str = "drain"  # drain | warn (warn: never drain, only record)
+    # circuit breaker: no new drain once this share of the cluster (at least 1 node) is
+    # drained by slurmhealth
+    drain_max_share: float = 0.10
+    optout_token: str = "slurmhealth=off"  # in a job's --comment or --extra: skip checks
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    backend: str = "cli"  # cli (scontrol/squeue/sinfo) | pyslurm | auto
+    command_timeout_s: float = 5.0  # each scontrol/squeue/sinfo call
 
 
 @dataclass(frozen=True)
@@ -79,6 +89,7 @@ class Config:
     paths: PathsConfig = field(default_factory=PathsConfig)
     kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
@@ -86,9 +97,15 @@ class Config:
     def node_name(self) -> str:
         return self.node.name or os.uname().nodename.split(".")[0]
 
-    @property
-    def spool_path(self) -> str:
-        return self.paths.spool or self.paths.db + ".spool.jsonl"
+    def expand(self, template: str, node: str | None = None) -> str:
+        """Paths may hold ``{node}`` (several slurmd on one host, or a shared filesystem)."""
+        return template.replace("{node}", node or self.node_name)
+
+    def db_path(self, node: str | None = None) -> str:
+        return self.expand(self.paths.db, node)
+
+    def spool_path(self, node: str | None = None) -> str:
+        return self.expand(self.paths.spool, node) if self.paths.spool else ""
 
     def thresholds(self, check: str) -> Mapping[str, Any]:
         return self.checks.settings.get(check, {})
@@ -114,6 +131,7 @@ ENV_KEYS: dict[str, str] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "gpu.backend": ("nvml", "sim"),
     "policy.mode": ("drain", "warn"),
+    "slurm.backend": ("cli", "pyslurm", "auto"),
 }
 
 _SECTIONS: dict[str, type[Any]] = {

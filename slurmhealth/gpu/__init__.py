@@ -44,7 +44,7 @@ def open_backend(cfg: Config) -> GpuBackend:
             scenario,
             node,
             epoch=cfg.gpu.sim_epoch,
-            kernel_log_path=cfg.gpu.sim_kernel_log,
+            kernel_log_path=cfg.expand(cfg.gpu.sim_kernel_log) if cfg.gpu.sim_kernel_log else "",
         )
         return NvmlBackend(lib, node=node, timeout_s=cfg.gpu.snapshot_timeout_s)
     try:

@@ -123,9 +123,11 @@ def run_check(
     gpus: Sequence[int] | None = None,
     phase: str = "check",
     job_id: str | None = None,
+    job_row: dict[str, Any] | None = None,
 ) -> CheckResult:
-    """Run the checks on ``gpus`` (default all) and record the run. Raises only for setup
-    errors (bad scenario, NVML that cannot start), never for a broken history."""
+    """Run the checks on ``gpus`` (default all) and record the run, with ``job_row``
+    upserted into ``jobs`` in the same transaction. Raises only for setup errors (bad
+    scenario, NVML that cannot start), never for a broken history."""
     from slurmhealth.checks import CheckContext, run_checks, validate_settings
     from slurmhealth.gpu import open_backend
     from slurmhealth.kernel_log import KernelLogReader
@@ -133,7 +135,7 @@ def run_check(
 
     t0 = time.monotonic()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
-    history = History(cfg.paths.db, spool_path=cfg.spool_path)
+    history = History(cfg.db_path(), spool_path=cfg.spool_path() or None)
     notes: list[str] = []
     try:
         previous = history.kv_get(COUNTERS_KEY)
@@ -182,6 +184,7 @@ def run_check(
     batch = Batch(
         inserts=[("check_runs", _run_row(result, cfg))]
         + [("findings", _finding_row(result, f)) for f in findings],
+        upserts=[("jobs", job_row, "job_id")] if job_row else [],
         kv={
             COUNTERS_KEY: _merge_counters(previous, snapshot),
             CURSOR_KEY: log_read.cursor,

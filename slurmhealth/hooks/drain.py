@@ -1,0 +1,107 @@
+"""Whether and how to take a node out of service after failing findings.
+
+Rules (NHC users learned them the hard way):
+- the reason is ours and precise: ``slurmhealth: <check> gpu<i> <detail>``;
+- a reason someone else set is never overwritten;
+- policy ``warn`` records but never drains;
+- circuit breaker: once the share of nodes drained by slurmhealth reaches
+  ``policy.drain_max_share`` (at least one node), further drains are suppressed and
+  recorded, so a bug or a bad config cannot drain the cluster. Prologs that race past the
+  check re-read the node list after draining and the later drains undo themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from slurmhealth.config import Config
+from slurmhealth.model import Finding
+from slurmhealth.slurm import REASON_PREFIX, NodeInfo, SlurmBackend, SlurmError, clean_reason
+
+log = logging.getLogger("slurmhealth.drain")
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """``state``: drained | already | held | suppressed | policy_warn | failed."""
+
+    state: str
+    reason: str
+    detail: str = ""
+
+    @property
+    def keeps_job_off(self) -> bool:
+        """The job must not run here (the prolog exits 1 so Slurm requeues it)."""
+        return self.state in ("drained", "already", "held", "failed")
+
+
+def drain_reason(findings: Sequence[Finding]) -> str:
+    """``slurmhealth: nvlink_inactive gpu3 NVLink 7 inactive (+1 more)``."""
+    worst = sorted(findings, key=Finding.sort_key)[0]
+    where = f" gpu{worst.gpu}" if worst.gpu is not None else ""
+    more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
+    return clean_reason(f"{REASON_PREFIX} {worst.check}{where} {worst.message}{more}")
+
+
+def _limit(cfg: Config, nodes: Sequence[NodeInfo]) -> int:
+    return max(1, math.floor(len(nodes) * cfg.policy.drain_max_share + 1e-9))
+
+
+def _ours_in_order(nodes: Sequence[NodeInfo]) -> list[str]:
+    drained = [n for n in nodes if n.drained and n.ours]
+    drained.sort(key=lambda n: (n.reason_time if n.reason_time is not None else math.inf, n.name))
+    return [n.name for n in drained]
+
+
+def drain_node(
+    cfg: Config, slurm: SlurmBackend, node: str, findings: Sequence[Finding]
+) -> DrainOutcome:
+    """Drain ``node`` for ``findings`` (failing, with a drain/reset action) if allowed."""
+    reason = drain_reason(findings)
+    if cfg.policy.mode == "warn":
+        return DrainOutcome("policy_warn", reason, "policy.mode = warn: recorded, not drained")
+    try:
+        nodes = slurm.nodes()
+    except SlurmError as exc:
+        return DrainOutcome("failed", reason, f"cannot read node states: {exc}")
+    me = next((n for n in nodes if n.name == node), None)
+    if me is not None and me.drained:
+        if me.ours:
+            return DrainOutcome("already", me.reason, "already drained by slurmhealth")
+        who = f" by {me.reason_user}" if me.reason_user else ""
+        return DrainOutcome("held", reason, f"already drained{who}: {me.reason!r}; left as is")
+    limit = _limit(cfg, nodes)
+    ours = _ours_in_order(nodes)
+    if len(ours) >= limit:
+        return DrainOutcome(
+            "suppressed",
+            reason,
+            f"circuit breaker: {len(ours)} of {len(nodes)} nodes already drained by "
+            f"slurmhealth (limit {limit}: {', '.join(ours)})",
+        )
+    try:
+        slurm.drain(node, reason)
+    except SlurmError as exc:
+        return DrainOutcome("failed", reason, f"scontrol drain failed: {exc}")
+    # another node's prolog may have drained at the same moment: the earliest win
+    try:
+        after = slurm.nodes()
+    except SlurmError:
+        return DrainOutcome("drained", reason)
+    order = _ours_in_order(after)
+    limit = _limit(cfg, after)
+    if node in order and order.index(node) >= limit:
+        try:
+            slurm.resume(node)
+        except SlurmError as exc:
+            log.error("%s: could not undo a drain over the circuit-breaker limit: %s", node, exc)
+            return DrainOutcome("drained", reason, "over the limit but could not undo")
+        return DrainOutcome(
+            "suppressed",
+            reason,
+            f"circuit breaker: {', '.join(order[:limit])} drained first (limit {limit}); undone",
+        )
+    return DrainOutcome("drained", reason)

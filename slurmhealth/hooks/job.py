@@ -1,0 +1,119 @@
+"""The job a prolog/epilog runs for: read from Slurm's environment, completed by one
+``squeue`` call on Slurm versions that leave account, QOS or priority out of it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from slurmhealth.errors import UsageError
+from slurmhealth.slurm import SlurmBackend, SlurmError
+
+log = logging.getLogger("slurmhealth.hooks")
+
+
+@dataclass(frozen=True)
+class Job:
+    job_id: str
+    node: str
+    user: str = ""
+    uid: int | None = None
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    priority: int | None = None
+    nodes: str = ""
+    gpus: tuple[int, ...] = ()
+    comment: str = ""
+    extra: str = ""
+    exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
+
+    def opted_out(self, token: str) -> bool:
+        return bool(token) and (token in self.comment or token in self.extra)
+
+    @property
+    def failed(self) -> bool:
+        """Non-zero exit or a signal (``"0:0"`` is success)."""
+        return self.exit_code not in (None, "", "0:0", "0")
+
+    def row(self, **extra: Any) -> dict[str, Any]:
+        """The ``jobs`` table row (None values never overwrite what is stored)."""
+        return {
+            "job_id": self.job_id,
+            "node": self.node,
+            "user": self.user or None,
+            "uid": self.uid,
+            "account": self.account or None,
+            "partition": self.partition or None,
+            "qos": self.qos or None,
+            "priority": self.priority,
+            "nodes": self.nodes or None,
+            "gpus": list(self.gpus),
+            **extra,
+        }
+
+
+def parse_gpu_list(text: str) -> tuple[int, ...]:
+    """``SLURM_JOB_GPUS`` (``0,1,3``; some versions use ranges ``0-3``)."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise UsageError(f"SLURM_JOB_GPUS: cannot read {text!r}")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(set(out)))
+
+
+def job_from_env(env: Mapping[str, str], node: str) -> Job:
+    job_id = env.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        raise UsageError("SLURM_JOB_ID is not set: run this from Slurm's Prolog/Epilog")
+    uid = env.get("SLURM_JOB_UID", "")
+    prio = env.get("SLURM_JOB_PRIORITY", "")
+    return Job(
+        job_id=job_id,
+        node=env.get("SLURMD_NODENAME") or node,
+        user=env.get("SLURM_JOB_USER", ""),
+        uid=int(uid) if uid.isdigit() else None,
+        account=env.get("SLURM_JOB_ACCOUNT", ""),
+        partition=env.get("SLURM_JOB_PARTITION", ""),
+        qos=env.get("SLURM_JOB_QOS", ""),
+        priority=int(prio) if prio.isdigit() else None,
+        nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""),
+        gpus=parse_gpu_list(env.get("SLURM_JOB_GPUS", "")),
+        comment=env.get("SLURM_JOB_COMMENT", ""),
+        extra=env.get("SLURM_JOB_EXTRA", ""),
+        exit_code=env.get("SLURM_JOB_EXIT_CODE2") or None,
+    )
+
+
+def complete(job: Job, slurm: SlurmBackend, env: Mapping[str, str]) -> Job:
+    """Fill account/QOS/priority/comment with one ``squeue`` call when the environment
+    lacks them (Slurm < 23.02 passes none of them to the prolog)."""
+    if "SLURM_JOB_ACCOUNT" in env and "SLURM_JOB_COMMENT" in env and job.priority is not None:
+        return job
+    t0 = time.monotonic()
+    try:
+        info = slurm.job(job.job_id)
+    except SlurmError as exc:
+        log.warning("job %s: cannot read the job record: %s", job.job_id, exc)
+        return job
+    log.debug("squeue for job %s took %.3f s", job.job_id, time.monotonic() - t0)
+    if info is None:
+        return job
+    return replace(
+        job,
+        user=job.user or info.user,
+        account=job.account or info.account,
+        partition=job.partition or info.partition,
+        qos=job.qos or info.qos,
+        priority=job.priority if job.priority is not None else info.priority,
+        nodes=job.nodes or info.nodes,
+        comment=job.comment or info.comment,
+    )

@@ -1,0 +1,145 @@
+"""Slurm Prolog and Epilog: check the job's GPUs, record the job, drain with a reason.
+
+Exit codes (the entry point turns them into the process status):
+- prolog: 0 run the job; 1 the node was taken out (drained, or already out), so Slurm
+  requeues the job elsewhere. Warnings, opt-outs and suppressed drains are 0.
+- epilog: always 0; a non-zero epilog makes Slurm replace our reason with "Epilog error".
+Internal errors propagate to the entry point, which fails open (see prolog/ wrapper).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmhealth.config import Config
+from slurmhealth.hooks.drain import DrainOutcome, drain_node
+from slurmhealth.hooks.job import Job, complete, job_from_env
+from slurmhealth.model import Finding
+
+log = logging.getLogger("slurmhealth.hooks")
+
+
+@dataclass(frozen=True)
+class HookResult:
+    exit_code: int
+    job: Job
+    status: str  # ok | warn | fail | skipped
+    drain: DrainOutcome | None = None
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
+    run_id: str | None = None
+
+
+def _drain_candidates(findings: tuple[Finding, ...]) -> list[Finding]:
+    return [f for f in findings if f.failing and f.action.takes_node_out]
+
+
+def _record(
+    cfg: Config,
+    node: str,
+    inserts: list[tuple[str, dict[str, Any]]],
+    job_row: dict[str, Any] | None = None,
+) -> None:
+    from slurmhealth.store import Batch, History
+
+    history = History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None)
+    history.write(Batch(inserts=inserts, upserts=[("jobs", job_row, "job_id")] if job_row else []))
+    history.close()
+
+
+def _skip(cfg: Config, job: Job, phase: str, job_row: dict[str, Any]) -> HookResult:
+    """The job opted out: record that, run nothing."""
+    run_id = os.urandom(16).hex()
+    now = time.time()
+    log.warning("job %s opted out (%r): checks skipped", job.job_id, cfg.policy.optout_token)
+    _record(
+        cfg,
+        job.node,
+        [
+            (
+                "check_runs",
+                {
+                    "run_id": run_id,
+                    "ts": now,
+                    "node": job.node,
+                    "job_id": job.job_id,
+                    "phase": phase,
+                    "gpus": list(job.gpus),
+                    "status": "skipped",
+                    "exit_code": 0,
+                    "duration_s": 0.0,
+                    "backend": cfg.gpu.backend,
+                    "error": f"opted out by the job ({cfg.policy.optout_token})",
+                },
+            ),
+        ],
+        job_row,
+    )
+    return HookResult(0, job, "skipped", run_id=run_id)
+
+
+def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
+    from slurmhealth.hooks.check import run_check
+    from slurmhealth.slurm import open_slurm
+
+    slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
+    job = job_from_env(env, cfg.node_name)
+    if phase == "prolog":
+        job = complete(job, slurm, env)
+        row = job.row(start_ts=time.time(), state="running")
+    else:
+        row = job.row(
+            end_ts=time.time(),
+            exit_code=job.exit_code,
+            state="failed" if job.failed else "completed",
+        )
+    if job.opted_out(cfg.policy.optout_token):
+        row["state"] = f"{row['state']} (slurmhealth off)"
+        # the jobs row on a node without history yet is still recorded by _skip
+        return _skip(cfg, job, phase, row)
+    result = run_check(cfg, gpus=job.gpus, phase=phase, job_id=job.job_id, job_row=row)
+    candidates = _drain_candidates(result.findings)
+    outcome = None
+    if candidates:
+        outcome = drain_node(cfg, slurm, job.node, candidates)
+        if outcome.state in ("suppressed", "failed"):  # loud: an operator must look
+            log.warning("drain %s: %s (%s)", outcome.state, outcome.reason, outcome.detail)
+        _record(
+            cfg,
+            job.node,
+            [
+                (
+                    "drains",
+                    {
+                        "ts": time.time(),
+                        "node": job.node,
+                        "job_id": job.job_id,
+                        "run_id": result.run_id,
+                        "state": outcome.state,
+                        "reason": outcome.reason,
+                        "actor": f"slurmhealth {phase}",
+                        "detail": {
+                            "note": outcome.detail,
+                            "findings": [f.to_dict() for f in candidates],
+                        },
+                    },
+                )
+            ],
+        )
+    exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
+    return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
+
+
+def run_prolog(cfg: Config, env: Mapping[str, str]) -> HookResult:
+    """Before the job: quick checks on its GPUs; drain and requeue on a failing one."""
+    return _run(cfg, env, "prolog")
+
+
+def run_epilog(cfg: Config, env: Mapping[str, str]) -> HookResult:
+    """After the job: record its end, re-check its GPUs (an Xid or ECC error during the job
+    shows here) and drain with our own reason; never fail."""
+    return _run(cfg, env, "epilog")

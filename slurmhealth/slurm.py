@@ -1,0 +1,189 @@
+"""The Slurm adapter: node state and reason, drain, resume, one job's record.
+
+The default backend runs ``sinfo``/``squeue``/``scontrol`` with argument lists (never a
+shell) and parses their one-line output; it works on Slurm 22.05 through 25.x. A pyslurm
+backend can stand behind the same interface where pyslurm matches the running Slurm
+(PyPI's pyslurm targets Slurm 25.11 only), chosen with ``slurm.backend = "pyslurm"``.
+
+Etiquette (see DESIGN.md section 4): one read per job per node at most on the happy path;
+the drain is the only write; a reason someone else set is never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from slurmhealth.errors import SlurmhealthError
+
+REASON_PREFIX = "slurmhealth:"
+MAX_REASON = 200
+
+
+class SlurmError(SlurmhealthError):
+    """A Slurm command failed or could not be run."""
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """One node as ``sinfo -N`` shows it. ``state`` is Slurm's long form, lower case
+    (``idle``, ``mixed``, ``drained``, ``draining``, ``down*``, ...)."""
+
+    name: str
+    state: str
+    reason: str = ""
+    reason_user: str = ""
+    reason_time: float | None = None  # UTC seconds
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining: no new jobs."""
+        return "drain" in self.state
+
+    @property
+    def ours(self) -> bool:
+        """The current reason was set by slurmhealth."""
+        return self.reason.startswith(REASON_PREFIX)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the prolog does not get in its environment on older Slurm (``squeue -j``)."""
+
+    job_id: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    priority: int | None = None
+    nodes: str = ""
+    state: str = ""
+    comment: str = ""
+
+
+class SlurmBackend(Protocol):
+    def nodes(self) -> list[NodeInfo]: ...
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def resume(self, node: str) -> None: ...
+
+    def job(self, job_id: str) -> JobInfo | None: ...
+
+
+def clean_reason(text: str) -> str:
+    """One line, no control characters, short enough for ``sinfo -R``."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in text).split())
+    return flat if len(flat) <= MAX_REASON else flat[: MAX_REASON - 3] + "..."
+
+
+def _parse_time(text: str) -> float | None:
+    """sinfo's ``%H`` (``2026-11-30T08:01:02``, local time) as UTC seconds."""
+    try:
+        return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+class SlurmCli:
+    """Backend over the Slurm command-line tools."""
+
+    def __init__(self, timeout_s: float = 5.0) -> None:
+        self.timeout_s = timeout_s
+        self.calls: list[list[str]] = []  # every command run, for tests and --debug
+
+    def _run(self, argv: Sequence[str]) -> str:
+        self.calls.append(list(argv))
+        env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}
+        try:
+            proc = subprocess.run(
+                list(argv),
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                check=False,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except FileNotFoundError:
+            raise SlurmError(
+                f"{argv[0]} not found: are the Slurm client tools installed?"
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise SlurmError(f"{argv[0]} did not answer within {self.timeout_s:g} s") from None
+        if proc.returncode != 0:
+            err = proc.stderr.strip().splitlines()
+            raise SlurmError(
+                f"{' '.join(argv[:3])} failed ({proc.returncode}): {err[-1] if err else ''}"
+            )
+        return proc.stdout
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node once (``sinfo -N`` repeats a node per partition)."""
+        out = self._run(["sinfo", "-h", "-N", "-o", "%N|%T|%H|%u|%E"])
+        seen: dict[str, NodeInfo] = {}
+        for line in out.splitlines():
+            parts = line.split("|", 4)
+            if len(parts) != 5 or parts[0] in seen:
+                continue
+            name, state, when, user, reason = parts
+            reason = "" if reason.strip() == "none" else reason.strip()
+            seen[name] = NodeInfo(
+                name=name,
+                state=state.strip().lower(),
+                reason=reason,
+                reason_user="" if user.strip() in ("Unknown", "") else user.strip(),
+                reason_time=_parse_time(when) if reason else None,
+            )
+        return list(seen.values())
+
+    def drain(self, node: str, reason: str) -> None:
+        self._run(
+            [
+                "scontrol",
+                "update",
+                f"NodeName={node}",
+                "State=DRAIN",
+                f"Reason={clean_reason(reason)}",
+            ]
+        )
+
+    def resume(self, node: str) -> None:
+        self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+    def job(self, job_id: str) -> JobInfo | None:
+        """One ``squeue`` call; None when the job is unknown (already gone)."""
+        out = self._run(["squeue", "-h", "-j", job_id, "-o", "%u|%a|%P|%q|%Q|%N|%T|%k"])
+        line = out.strip().splitlines()[0] if out.strip() else ""
+        parts = line.split("|", 7)
+        if len(parts) != 8:
+            return None
+        user, account, partition, qos, prio, nodes, state, comment = parts
+        return JobInfo(
+            job_id=job_id,
+            user=user,
+            account=account,
+            partition=partition,
+            qos=qos,
+            priority=int(prio) if prio.strip().isdigit() else None,
+            nodes=nodes,
+            state=state.lower(),
+            comment="" if comment == "(null)" else comment,
+        )
+
+
+def open_slurm(backend: str = "cli", timeout_s: float = 5.0) -> SlurmBackend:
+    """The configured backend; ``auto`` takes pyslurm only when it imports and matches."""
+    if backend in ("pyslurm", "auto"):
+        from slurmhealth import slurm_pyslurm
+
+        reason = slurm_pyslurm.unavailable()
+        if reason is None:
+            return slurm_pyslurm.PySlurmBackend()
+        if backend == "pyslurm":
+            raise SlurmError(f"slurm.backend = pyslurm, but {reason}")
+    return SlurmCli(timeout_s)
