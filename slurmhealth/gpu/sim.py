@@ -367,7 +367,10 @@ class SimulatedNvml:
                     f"NVRM: Xid (PCI:0000:{bus.lower()}): {fault.xid}, pid=4242, name=python3, "
                     f"{fault.xid_message or 'simulated fault'}"
                 )
-                lines.append(format_kmsg_record(1000 + n * 64 + g, usec, text))
+                # seq grows with the scenario's epoch: a later scenario's lines in the same
+                # append-only file always come after an earlier one's
+                seq = int(self.epoch) * 100_000 + n * 64 + g
+                lines.append(format_kmsg_record(seq, usec, text))
         return lines
 
     def write_kernel_log(self) -> None:

@@ -39,11 +39,14 @@ class DrainOutcome:
 
 
 def drain_reason(findings: Sequence[Finding]) -> str:
-    """``slurmhealth: nvlink_inactive gpu3 NVLink 7 inactive (+1 more)``."""
+    """``slurmhealth: nvlink_inactive gpu3 NVLink 7 inactive (+1 more)``; Xids behind
+    another finding are named too (``[Xid 79]``): they are what an operator greps for."""
     worst = sorted(findings, key=Finding.sort_key)[0]
     where = f" gpu{worst.gpu}" if worst.gpu is not None else ""
     more = f" (+{len(findings) - 1} more)" if len(findings) > 1 else ""
-    return clean_reason(f"{REASON_PREFIX} {worst.check}{where} {worst.message}{more}")
+    xids = sorted({int(f.evidence["xid"]) for f in findings if "xid" in f.evidence})
+    tag = f" [Xid {','.join(map(str, xids))}]" if xids and worst.check != "xid" else ""
+    return clean_reason(f"{REASON_PREFIX} {worst.check}{where} {worst.message}{tag}{more}")
 
 
 def _limit(cfg: Config, nodes: Sequence[NodeInfo]) -> int:
