@@ -108,6 +108,8 @@ def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
         outcome = drain_node(cfg, slurm, job.node, candidates)
         if outcome.state in ("suppressed", "failed"):  # loud: an operator must look
             log.warning("drain %s: %s (%s)", outcome.state, outcome.reason, outcome.detail)
+    if outcome and not (phase == "epilog" and outcome.state == "already"):
+        # (the epilog after our own failed prolog would only repeat the drain)
         _record(
             cfg,
             job.node,
