@@ -157,7 +157,12 @@ class SlurmCli:
 
     def job(self, job_id: str) -> JobInfo | None:
         """One ``squeue`` call; None when the job is unknown (already gone)."""
-        out = self._run(["squeue", "-h", "-j", job_id, "-o", "%u|%a|%P|%q|%Q|%N|%T|%k"])
+        try:
+            out = self._run(["squeue", "-h", "-j", job_id, "-o", "%u|%a|%P|%q|%Q|%N|%T|%k"])
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return None
+            raise
         line = out.strip().splitlines()[0] if out.strip() else ""
         parts = line.split("|", 7)
         if len(parts) != 8:

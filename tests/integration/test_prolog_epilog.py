@@ -243,3 +243,36 @@ def test_optout_skips_checks_and_is_recorded(healthy: Cluster) -> None:
     assert {r["status"] for r in runs} == {"skipped"}
     assert all("slurmhealth=off" in r["error"] for r in runs)
     assert rows(healthy.node_db(node), "select * from findings where job_id = ?", job.job_id) == []
+
+
+def test_pyslurm_backend_matches_the_cli_backend(healthy: Cluster) -> None:
+    from slurmhealth import slurm_pyslurm
+    from slurmhealth.slurm import SlurmCli
+
+    why = slurm_pyslurm.unavailable()
+    if why is not None:
+        pytest.skip(f"pyslurm backend unavailable here: {why}")
+    via_cli = {n.name: n.state for n in SlurmCli().nodes()}
+    via_pyslurm = {n.name: n.state for n in slurm_pyslurm.PySlurmBackend().nodes()}
+    assert via_pyslurm.keys() == via_cli.keys()
+
+
+def test_cli_backend_reads_the_cluster(healthy: Cluster) -> None:
+    from slurmhealth.slurm import SlurmCli
+
+    cli = SlurmCli()
+    nodes = {n.name: n for n in cli.nodes()}
+    assert sorted(nodes) == ["n1", "n2", "n3"] and all(not n.drained for n in nodes.values())
+    cli.drain("n3", "slurmhealth: test reason\nwith a newline")
+    n3 = next(n for n in cli.nodes() if n.name == "n3")
+    assert n3.drained and n3.ours and n3.reason == "slurmhealth: test reason with a newline"
+    assert n3.reason_time is not None and abs(n3.reason_time - time.time()) < 120
+    cli.resume("n3")
+    time.sleep(0.5)
+    assert not next(n for n in cli.nodes() if n.name == "n3").drained
+    job = healthy.sbatch("-N1", "--gres=gpu:1", "--comment=tag x", "--wrap", "sleep 5", wait=False)
+    healthy.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
+    info = cli.job(job.job_id)
+    assert info is not None and info.user == "shuser" and info.comment == "tag x"
+    assert info.partition == "gpu" and info.priority is not None
+    assert cli.job("987654321") is None  # unknown or long gone
