@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from slurmhealth.errors import StoreError
@@ -180,7 +179,7 @@ def _apply(conn: sqlite3.Connection, batch: Batch, now: float) -> None:
         )
 
 
-def _append(path: Path, data: bytes) -> None:
+def _append(path: str, data: bytes) -> None:
     """Append ``data`` with one O_APPEND write and fsync; reopen if an ingester took the file."""
     for _ in range(10):
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
@@ -224,12 +223,13 @@ class History:
         spool_path: str | os.PathLike[str] | None = None,
         busy_timeout_ms: int = 5000,
     ) -> None:
-        self.path = Path(path)
-        self.spool_path = Path(spool_path) if spool_path else Path(f"{self.path}.spool.jsonl")
+        # plain str paths: pathlib costs the prolog ~7 ms of imports
+        self.path = os.fspath(path)
+        self.spool_path = os.fspath(spool_path) if spool_path else f"{self.path}.spool.jsonl"
         self.busy_timeout_ms = int(busy_timeout_ms)
         self._conn: sqlite3.Connection | None = None
         self._db: Any = None
-        self._fallback: Path | None = None
+        self._fallback: str | None = None
         self._ingested = 0  # batches ingested from spools by this object, ever
 
     # -- connection and schema ------------------------------------------------------------
@@ -237,7 +237,7 @@ class History:
     def _connect(self) -> sqlite3.Connection:
         if self._conn is not None:
             return self._conn
-        self.path.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
+        os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
@@ -326,12 +326,12 @@ class History:
         log.error("history %s not written (%s); record lost", self.path, problem)
         return False
 
-    def _fallback_spool(self) -> Path:
+    def _fallback_spool(self) -> str:
         if self._fallback is None:
             import tempfile
 
             name = f"slurmhealth-spool-{os.getuid()}.jsonl"
-            self._fallback = Path(tempfile.gettempdir()) / name
+            self._fallback = os.path.join(tempfile.gettempdir(), name)
         return self._fallback
 
     def ingest_spool(self) -> int:
@@ -347,21 +347,22 @@ class History:
     def _ingest_all(self, conn: sqlite3.Connection) -> None:
         with _INGEST_LOCK:
             for spool in dict.fromkeys((self.spool_path, self._fallback_spool())):
-                mine = spool.with_name(f"{spool.name}.ingesting.{os.getpid()}")
-                prefix = f"{spool.name}.ingesting."
+                folder = os.path.dirname(spool) or "."
+                mine = f"{spool}.ingesting.{os.getpid()}"
+                prefix = f"{os.path.basename(spool)}.ingesting."
                 try:
-                    names = os.listdir(spool.parent)
+                    names = os.listdir(folder)
                 except OSError:
                     continue
                 stale = []
                 for name in names:
                     pid = name[len(prefix):]  # fmt: skip
                     if name.startswith(prefix) and pid.isdigit() and not _pid_alive(int(pid)):
-                        stale.append(spool.with_name(name))
+                        stale.append(os.path.join(folder, name))
                 for src in [mine, *stale, spool]:
                     self._ingest_file(conn, src, spool, mine)
 
-    def _ingest_file(self, conn: sqlite3.Connection, src: Path, spool: Path, mine: Path) -> None:
+    def _ingest_file(self, conn: sqlite3.Connection, src: str, spool: str, mine: str) -> None:
         try:
             if src != mine:
                 os.rename(src, mine)  # the claim: atomic, so no two processes share a file
@@ -382,7 +383,7 @@ class History:
                     good.append((line + b"\n", Batch.from_json(line.decode())))
                 except (ValueError, UnicodeDecodeError):
                     bad.append(line + b"\n")
-        rejected = spool.with_name(f"{spool.name}.rejected")
+        rejected = f"{spool}.rejected"
         if bad:
             _append(rejected, b"".join(bad))
             log.warning("history %s: %d invalid spool line(s) kept in %s", self.path,
