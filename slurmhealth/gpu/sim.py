@@ -10,6 +10,7 @@ process on a node sees the same timeline.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -86,16 +87,44 @@ class SimulatedNvml:
         self.scenario = scenario
         self.node: NodeScenario = scenario.for_node(node)
         self._clock = clock
-        self.epoch = epoch or os.stat(scenario.path).st_mtime
         self.kernel_log_path = kernel_log_path or os.path.join(
             os.environ.get("TMPDIR", "/tmp"),
             f"slurmhealth-sim-{os.getuid()}",
             f"{scenario.name}-{node}.kmsg",
         )
+        self.epoch = epoch or self._first_use()
         self._release = threading.Event()  # wakes calls hung by a fault when closing
         self._initialized = False
         self._delivered: set[tuple[int, int]] = set()  # (fault, GPU) Xids already delivered
         self.calls = 0
+
+    def _first_use(self) -> float:
+        """The scenario clock starts when this version of the scenario file is first used on
+        this node (remembered next to the simulated kernel log), so every process of a node
+        shares one timeline and a fault "at = 60" means a minute after the scenario took
+        effect, however old the file is."""
+        st = os.stat(self.scenario.path)
+        key = f"{os.path.realpath(self.scenario.path)}:{st.st_mtime_ns}:{st.st_size}"
+        path = self.kernel_log_path + ".epoch.json"
+        try:
+            with open(path, encoding="utf-8") as fh:
+                known = json.load(fh)
+        except (OSError, ValueError):
+            known = {}
+        if not isinstance(known, dict):
+            known = {}
+        if isinstance(known.get(key), int | float):
+            return float(known[key])
+        now = self._clock()
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({**known, key: now}, fh)
+            os.replace(tmp, path)
+        except OSError:
+            pass  # an unwritable state dir: this process's own timeline
+        return now
 
     # -- scenario clock and fields -------------------------------------------------
     def now(self) -> float:
