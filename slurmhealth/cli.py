@@ -27,10 +27,10 @@ class Ctx:
         self.db = db
         self.debug = debug
 
-    def config(self) -> Any:
+    def config(self, flags: dict[str, Any] | None = None) -> Any:
         from slurmhealth.config import load_config
 
-        return load_config(self.config_path, flags={"paths.db": self.db})
+        return load_config(self.config_path, flags={"paths.db": self.db, **(flags or {})})
 
 
 pass_ctx = click.make_pass_decorator(Ctx)
@@ -244,6 +244,41 @@ def epilog(ctx: Ctx) -> None:
     """Slurm Epilog: record the job's end, re-check its GPUs and drain with a precise
     reason when a fault appeared during the job. Always exits 0 on a decision."""
     _hook(ctx, "epilog")
+
+
+@cli.command()
+@click.option("--job", "job_id", envvar="SLURM_JOB_ID", required=True, help="Slurm job id.")
+@click.option("--gpus", metavar="LIST", envvar="SLURM_JOB_GPUS", help="GPU indices (default all).")
+@click.option("--interval", type=float, help="Sampling interval in seconds (>= 1).")
+@pass_ctx
+def sidecar(ctx: Ctx, job_id: str, gpus: str | None, interval: float | None) -> None:
+    """Sample the job's GPUs, serve them on /metrics with the job's labels, detect faults.
+
+    The prolog starts one per job per node and the epilog stops it; inside a batch script
+    `slurmhealth sidecar &` works too. Exits on SIGTERM or when the job is gone.
+    """
+    import json
+
+    from slurmhealth.sidecar.lifecycle import LABELS_ENV
+    from slurmhealth.sidecar.run import Sidecar
+    from slurmhealth.sidecar.state import JobLabels
+
+    _hook_logging("sidecar")
+    flags = {} if interval is None else {"sidecar.interval_s": interval}
+    cfg = ctx.config(flags)
+    raw = os.environ.get(LABELS_ENV)
+    labels = JobLabels(**json.loads(raw)) if raw else None
+    if labels is None or labels.job_id != job_id:
+        labels = JobLabels(
+            job_id=job_id,
+            user=os.environ.get("SLURM_JOB_USER", os.environ.get("USER", "")),
+            account=os.environ.get("SLURM_JOB_ACCOUNT", ""),
+            partition=os.environ.get("SLURM_JOB_PARTITION", ""),
+            qos=os.environ.get("SLURM_JOB_QOS", ""),
+            node=os.environ.get("SLURMD_NODENAME", cfg.node_name),
+        )
+    indices = tuple(parse_gpus(gpus) or ())
+    sys.exit(Sidecar(cfg, labels, indices).run())
 
 
 @cli.command()

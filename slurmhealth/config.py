@@ -76,6 +76,27 @@ class SlurmConfig:
 
 
 @dataclass(frozen=True)
+class SidecarConfig:
+    enabled: bool = True  # the prolog starts one per job, the epilog stops it
+    interval_s: float = 10.0  # GPU sampling interval (minimum 1 s)
+    port_min: int = 9450  # the sidecar's /metrics port is the first free one in the range
+    port_max: int = 9549
+    bind: str = "0.0.0.0"
+    file_sd_dir: str = ""  # Prometheus file_sd target files; empty: none written
+    dcgm_job_mapping_dir: str = ""  # dcgm-exporter HPC job mapping (one file per GPU index)
+    flush_every: int = 6  # samples are written to the history every N intervals
+    job_check_interval_s: float = 60.0  # exit when squeue no longer knows the job
+    hang_after_s: float = 900.0  # all the job's GPUs idle this long while it runs: hang
+    hang_idle_pct: float = 5.0
+    straggler_ratio: float = 0.75  # a GPU below this share of its peers' median...
+    straggler_window_s: float = 300.0  # ...averaged over this window
+    throttle_sustain_s: float = 30.0  # HW slowdown/thermal/power brake this long: an event
+    throughput_drop: float = 0.30  # step throughput this far below the job's rolling median
+    stall_factor: float = 5.0  # no step for this many median step times: stalled
+    stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
+
+
+@dataclass(frozen=True)
 class ChecksConfig:
     disabled: list[str] = field(default_factory=list)
     # [checks.<name>] tables: threshold overrides, validated against the check catalog
@@ -90,6 +111,7 @@ class Config:
     kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    sidecar: SidecarConfig = field(default_factory=SidecarConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 

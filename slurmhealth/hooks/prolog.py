@@ -101,6 +101,8 @@ def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
         row["state"] = f"{row['state']} (slurmhealth off)"
         # the jobs row on a node without history yet is still recorded by _skip
         return _skip(cfg, job, phase, row)
+    if phase == "epilog":  # first: its final samples belong before the epilog's check
+        _sidecar(cfg, job, phase, 0)
     result = run_check(cfg, gpus=job.gpus, phase=phase, job_id=job.job_id, job_row=row)
     candidates = _drain_candidates(result.findings)
     outcome = None
@@ -133,7 +135,22 @@ def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
             ],
         )
     exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
+    if phase == "prolog":
+        _sidecar(cfg, job, phase, exit_code)
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
+
+
+def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
+    """The prolog starts the job's sidecar when the job will run; the epilog stops it."""
+    if not cfg.sidecar.enabled:
+        return
+    from slurmhealth.sidecar.lifecycle import start_sidecar, stop_sidecar
+
+    if phase == "prolog" and exit_code == 0:
+        pid = start_sidecar(cfg, job)
+        log.debug("sidecar started: pid %s", pid)
+    elif phase == "epilog":
+        log.debug("%s", stop_sidecar(cfg, job.node, job.job_id))
 
 
 def run_prolog(cfg: Config, env: Mapping[str, str]) -> HookResult:

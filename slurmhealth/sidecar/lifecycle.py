@@ -1,0 +1,102 @@
+"""Start a job's sidecar from the prolog (detached) and stop it from the epilog."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+from slurmhealth.config import Config
+from slurmhealth.hooks.job import Job
+from slurmhealth.sidecar.run import SidecarFiles
+from slurmhealth.sidecar.state import JobLabels
+
+log = logging.getLogger("slurmhealth.sidecar")
+LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"
+
+
+def labels_of(job: Job) -> JobLabels:
+    return JobLabels(
+        job_id=job.job_id,
+        user=job.user,
+        account=job.account,
+        partition=job.partition,
+        qos=job.qos,
+        priority="" if job.priority is None else str(job.priority),
+        node=job.node,
+    )
+
+
+def start_sidecar(cfg: Config, job: Job) -> int | None:
+    """Launch ``slurmhealth sidecar`` in its own session, outliving the prolog (DESIGN.md
+    section 4: verified with proctrack/linuxproc). Returns its pid; never raises."""
+    files = SidecarFiles.of(cfg, job.node, job.job_id)
+    try:
+        os.makedirs(files.job_dir, mode=0o700, exist_ok=True)  # the task-metrics channel
+        if job.uid is not None:
+            os.chown(files.job_dir, job.uid, -1)
+        log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
+        env = {**os.environ, LABELS_ENV: json.dumps(asdict(labels_of(job)))}
+        cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
+        if job.gpus:
+            cmd += ["--gpus", ",".join(map(str, job.gpus))]
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+                close_fds=True,
+                env=env,
+                cwd="/",
+            )
+    except OSError as exc:
+        log.warning("job %s: sidecar not started: %s", job.job_id, exc)
+        return None
+    return proc.pid
+
+
+def _is_our_sidecar(pid: int, job_id: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return b"sidecar" in argv and job_id.encode() in argv
+
+
+def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
+    """SIGTERM the job's sidecar, give it ``stop_grace_s`` for its final flush, then
+    SIGKILL; remove whatever it left. Returns what happened, for the log."""
+    files = SidecarFiles.of(cfg, node, job_id)
+    outcome = "no sidecar"
+    try:
+        with open(files.pid, encoding="ascii") as fh:
+            pid = int(fh.read().strip() or 0)
+    except (OSError, ValueError):
+        pid = 0
+    if pid and _is_our_sidecar(pid, job_id):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + cfg.sidecar.stop_grace_s
+        while time.monotonic() < deadline and _is_our_sidecar(pid, job_id):
+            time.sleep(0.05)
+        if _is_our_sidecar(pid, job_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            outcome = f"sidecar {pid} killed after {cfg.sidecar.stop_grace_s:g} s"
+        else:
+            outcome = f"sidecar {pid} stopped"
+    for path in (files.pid, files.port, files.file_sd):
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    shutil.rmtree(files.job_dir, ignore_errors=True)
+    return outcome
