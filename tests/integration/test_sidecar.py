@@ -139,3 +139,62 @@ def test_eight_single_gpu_jobs_get_eight_sidecars(clean: Cluster) -> None:
     for j in jobs:
         _wait(lambda j=j: not _sidecar_pids(j.job_id), 10, "sidecars to exit")
     assert not list(run.glob("sidecar-*"))
+
+
+def test_training_template_reports_task_metrics(clean: Cluster) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    run_dir = clean.dir / "nodes" / "{node}" / "run"
+    job = clean.sbatch(
+        "-N1",
+        "-w",
+        "n3",
+        "-o",
+        "/dev/null",
+        f"--export=ALL,STEPS=120,STEP_SECONDS=0.1,SLURMHEALTH_PYTHONPATH={repo},"
+        f"SLURMHEALTH_RUN_DIR={run_dir},NCCL_LOG_DIR=/tmp/nccl-logs-shuser,"
+        f"TRAIN_SCRIPT={repo / 'sbatch-templates' / 'train_loop.py'}",
+        str(repo / "sbatch-templates" / "train.sbatch"),
+        wait=False,
+    )
+    clean.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
+    port_file = clean.dir / "nodes" / "n3" / "run" / f"sidecar-{job.job_id}.port"
+    port = int(_wait(lambda: port_file.exists() and port_file.read_text().strip(), 20, "port"))
+
+    def task_metrics() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("slurmhealth_job_") and not line.startswith("slurmhealth_job_info"):
+                name = line.split("{")[0]
+                values[name] = float(line.rsplit(" ", 1)[1])
+        return values if values.get("slurmhealth_job_steps_total", 0) >= 20 else {}
+
+    values = _wait(task_metrics, 30, "step metrics from the training loop")
+    assert 0.08 <= values["slurmhealth_job_step_seconds"] <= 0.3
+    assert 0.05 <= values["slurmhealth_job_comm_ratio"] <= 0.15
+    assert 0 < values["slurmhealth_job_mfu_ratio"] < 1
+    assert values["slurmhealth_job_samples_per_second"] > 50
+    done = clean.wait_job(job.job_id, timeout=60)
+    assert done.state == "COMPLETED", done.record
+
+
+def test_sidecar_exits_by_itself_when_its_job_is_gone(clean: Cluster, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.toml"
+    base = (clean.dir / "slurmhealth.toml").read_text()
+    config.write_text(base.replace("job_check_interval_s = 15.0", "job_check_interval_s = 1.0"))
+    env = {"PATH": os.environ["PATH"], "SLURMHEALTH_CONFIG": str(config), "SLURMD_NODENAME": "n1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmhealth", "sidecar", "--job", "99999999", "--gpus", "0"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.wait(timeout=15) == 0  # squeue does not know the job: no orphan sidecar
+    finally:
+        proc.kill()
+    assert "is gone" in (proc.stderr.read() if proc.stderr else "")
+    assert not (clean.dir / "nodes" / "n1" / "run" / "sidecar-99999999.pid").exists()
