@@ -59,6 +59,7 @@ bind = "127.0.0.1"
 port_min = 29450
 port_max = 29499
 job_check_interval_s = 100000
+file_sd_dir = "{tmp}/file_sd"
 """
         )
         env = {**os.environ, "SLURMHEALTH_CONFIG": str(cfg), "SLURMD_NODENAME": "bench"}

@@ -82,7 +82,7 @@ class SidecarConfig:
     port_min: int = 9450  # the sidecar's /metrics port is the first free one in the range
     port_max: int = 9549
     bind: str = "0.0.0.0"
-    file_sd_dir: str = ""  # Prometheus file_sd target files; empty: none written
+    file_sd_dir: str = "/run/slurmhealth/file_sd"  # Prometheus file_sd targets; "" = none
     dcgm_job_mapping_dir: str = ""  # dcgm-exporter HPC job mapping (one file per GPU index)
     flush_every: int = 6  # samples are written to the history every N intervals
     job_check_interval_s: float = 60.0  # exit when squeue no longer knows the job

@@ -58,6 +58,7 @@ port_min = 39450
 port_max = 39499
 job_check_interval_s = 100000
 dcgm_job_mapping_dir = "{tmp}/dcgm-job-mapping"
+file_sd_dir = "{tmp}/file_sd"
 throttle_sustain_s = 2.0
 straggler_window_s = 3.0
 hang_after_s = {hang_after}
