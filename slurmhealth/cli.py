@@ -376,6 +376,15 @@ def nodes(ctx: Ctx, as_json: bool) -> None:
     )
 
 
+def _register_subcommands() -> None:
+    from slurmhealth.cli_incident import incident
+
+    cli.add_command(incident)
+
+
+_register_subcommands()
+
+
 @cli.group()
 def config() -> None:
     """Validate or show the effective configuration."""

@@ -18,13 +18,13 @@ import socket
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from slurmhealth.config import Config
 from slurmhealth.model import NodeSnapshot, XidEvent, normalize_pci_bus_id
-from slurmhealth.sidecar.state import Event, ExportState, JobLabels
+from slurmhealth.sidecar.state import Event, ExportState, JobLabels, TaskStats
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -87,6 +87,18 @@ def sample_rows(snapshot: NodeSnapshot, job_id: str) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def task_row(stats: TaskStats, snapshot: NodeSnapshot, job_id: str) -> dict[str, Any]:
+    metrics = {k: v for k, v in asdict(stats).items() if v is not None}
+    return {
+        "ts": snapshot.ts,
+        "node": snapshot.node,
+        "job_id": job_id,
+        "gpu": None,
+        "uuid": None,
+        "metrics": {"kind": "task", **metrics},
+    }
 
 
 def event_row(event: Event, node: str, job_id: str) -> dict[str, Any]:
@@ -255,6 +267,7 @@ class Sidecar:
         task: TaskReader | None = None
         next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
         intervals = 0
+        last_steps = -1
         try:
             while not self._stop.is_set():
                 t0 = time.monotonic()
@@ -284,6 +297,9 @@ class Sidecar:
                     events += detectors.observe_task(stats, time.time())
                 self._record_events(events)
                 self._pending_samples += sample_rows(snapshot, self.labels.job_id)
+                if stats is not None and stats.steps_total != last_steps:
+                    last_steps = stats.steps_total  # the report's task facts (gpu = NULL)
+                    self._pending_samples.append(task_row(stats, snapshot, self.labels.job_id))
                 with self._lock:
                     self._state = replace(
                         self._state,

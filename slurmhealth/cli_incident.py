@@ -1,0 +1,132 @@
+"""`slurmhealth incident add|search`: the fault knowledge base (no logic here)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import click
+
+from slurmhealth import render
+
+
+def _job_context(cfg: Any, job_id: str) -> dict[str, set[Any]]:
+    """Nodes, GPUs, Xids and checks of the job, from every history this node can read."""
+    import sqlite3
+
+    from slurmhealth.report import incidents
+    from slurmhealth.report.collect import connect
+
+    ctx: dict[str, set[Any]] = {"nodes": set(), "gpus": set(), "xids": set(), "checks": set()}
+    paths = [cfg.db_path()]
+    if "{node}" in cfg.paths.db:
+        import glob
+
+        paths = sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
+    for path in paths:
+        if not os.path.exists(path):
+            continue
+        try:
+            conn = connect(path)
+            rows = [
+                dict(r)
+                for table in ("findings", "events")
+                for r in conn.execute(f"select * from {table} where job_id = ?", (job_id,))
+            ]
+            conn.close()
+        except sqlite3.Error:
+            continue
+        import json
+
+        by_node: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            if isinstance(r.get("evidence"), str):
+                try:
+                    r["evidence"] = json.loads(r["evidence"])
+                except ValueError:
+                    r["evidence"] = {}
+            by_node.setdefault(str(r.get("node")), []).append(r)
+        for node, node_rows in by_node.items():
+            for key, values in incidents.context_of(node_rows, node).items():
+                ctx[key] |= values
+    return ctx
+
+
+@click.group()
+def incident() -> None:
+    """The fault knowledge base: record what a failure was, find it again."""
+
+
+@incident.command("add")
+@click.argument("job_id")
+@click.option("--symptom", required=True, help="What was seen (e.g. 'NCCL timeout, GPU 5 lost').")
+@click.option("--root-cause", required=True, help="What it turned out to be.")
+@click.option("--fix", default="", help="What fixed it.")
+@click.option("--prevention", default="", help="What keeps it from coming back.")
+@click.option("--tag", "tags", multiple=True, help="Free-form tag (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the incident as JSON.")
+def add(
+    job_id: str,
+    symptom: str,
+    root_cause: str,
+    fix: str,
+    prevention: str,
+    tags: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Record an incident for JOBID; the job's nodes, GPUs, Xids and checks are attached."""
+    import getpass
+    from dataclasses import asdict
+
+    from slurmhealth.report import incidents
+
+    cfg = click.get_current_context().obj.config()
+    inc = incidents.add(
+        cfg,
+        job_id,
+        symptom=symptom,
+        root_cause=root_cause,
+        fix=fix,
+        prevention=prevention,
+        author=os.environ.get("SUDO_USER") or getpass.getuser(),
+        context=_job_context(cfg, job_id),
+        tags=tags,
+    )
+    if as_json:
+        render.print_json(asdict(inc))
+    else:
+        click.echo(f"incident {inc.id} recorded (nodes {', '.join(inc.nodes) or '-'}, "
+                   f"Xids {', '.join(map(str, inc.xids)) or '-'})")  # fmt: skip
+
+
+@incident.command("search")
+@click.argument("words", nargs=-1, required=True)
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def search(words: tuple[str, ...], limit: int, as_json: bool) -> None:
+    """Find past incidents containing WORDS (symptom, cause, fix, Xids, nodes, checks)."""
+    from dataclasses import asdict
+
+    from slurmhealth.report import incidents
+
+    cfg = click.get_current_context().obj.config()
+    hits = incidents.search(cfg, " ".join(words), limit=limit)
+    if as_json:
+        render.print_json([{"score": s, **asdict(i)} for s, i in hits])
+        return
+    render.table(
+        "incidents",
+        ["when (UTC)", "job", "nodes", "symptom", "root cause", "fix", "match"],
+        [
+            (
+                render.utc(i.ts),
+                i.job_id,
+                ",".join(i.nodes),
+                i.symptom,
+                i.root_cause,
+                i.fix,
+                f"{s:.0%}",
+            )
+            for s, i in hits
+        ],
+    )
