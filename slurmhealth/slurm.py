@@ -12,6 +12,7 @@ the drain is the only write; a reason someone else set is never overwritten.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Sequence
@@ -73,6 +74,8 @@ class SlurmBackend(Protocol):
     def resume(self, node: str) -> None: ...
 
     def job(self, job_id: str) -> JobInfo | None: ...
+
+    def show_job(self, job_id: str) -> dict[str, str]: ...
 
 
 def clean_reason(text: str) -> str:
@@ -154,6 +157,23 @@ class SlurmCli:
 
     def resume(self, node: str) -> None:
         self._run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job -o ID`` as a dict (StdOut, StdErr, ExitCode, ...); {} if gone."""
+        try:
+            out = self._run(["scontrol", "show", "job", "-o", job_id])
+        except SlurmError:
+            return {}
+        record: dict[str, str] = {}
+        # one line of Key=Value; values may hold spaces only in a few fields, so split on
+        # " Key=" boundaries
+        for token in re.split(
+            r" (?=[A-Za-z][A-Za-z0-9:/_]*=)", out.strip().splitlines()[0] if out.strip() else ""
+        ):
+            key, sep, value = token.partition("=")
+            if sep and key not in record:
+                record[key] = value
+        return record
 
     def job(self, job_id: str) -> JobInfo | None:
         """One ``squeue`` call; None when the job is unknown (already gone)."""

@@ -80,6 +80,17 @@ class PySlurmBackend:
     def resume(self, node: str) -> None:
         self._modify(node, state="RESUME")
 
+    def show_job(self, job_id: str) -> dict[str, str]:
+        """The few ``scontrol show job`` fields slurmhealth reads (output paths)."""
+        try:
+            job = self._ps.Job.load(int(job_id))
+        except Exception:
+            return {}
+        return {
+            "StdOut": str(getattr(job, "standard_output", "") or ""),
+            "StdErr": str(getattr(job, "standard_error", "") or ""),
+        }
+
     def job(self, job_id: str) -> JobInfo | None:
         try:
             job = self._ps.Job.load(int(job_id))
