@@ -1,7 +1,8 @@
 """Command line entry point. Argument parsing, exit codes and rendering only; no logic.
 
 Exit codes: 0 healthy (or warnings only), 1 a failing finding, 2 usage or config error,
-3 internal error. Errors are one line on stderr; ``--debug`` adds the traceback.
+3 internal error, 4 not allowed (another user's report). Errors are one line on stderr;
+``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
@@ -377,9 +378,13 @@ def nodes(ctx: Ctx, as_json: bool) -> None:
 
 
 def _register_subcommands() -> None:
+    from slurmhealth.cli_evidence import evidence
     from slurmhealth.cli_incident import incident
+    from slurmhealth.cli_report import report
 
+    cli.add_command(report)
     cli.add_command(incident)
+    cli.add_command(evidence)
 
 
 _register_subcommands()

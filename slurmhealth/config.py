@@ -104,6 +104,31 @@ class ChecksConfig:
 
 
 @dataclass(frozen=True)
+class EvidenceConfig:
+    """The evidence bundle (``slurmhealth evidence``): per-source limits and permissions."""
+
+    source_timeout_s: float = 2.0  # each source (command, file, NVML read) at most this long
+    source_max_bytes: int = 4 * 1024 * 1024  # each file of the bundle at most this big
+    budget_s: float = 10.0  # the whole capture, all sources together (epilog default)
+    admin_group: str = ""  # group that may read every bundle; "" = root only (plus the owner)
+    nvidia_smi: str = "nvidia-smi"  # binary for nvidia-smi-q.txt / nvidia-smi-nvlink.txt
+    py_spy: str = "py-spy"  # binary for stacks.txt (the venv's own is found too)
+    scontrol: str = "scontrol"  # binary for slurm-job.txt / slurm-node.txt
+    # NCCL debug files (NCCL_DEBUG_FILE); placeholders {job_id}, {user}, {home}
+    nccl_globs: list[str] = field(default_factory=lambda: ["{home}/nccl-logs/{job_id}/*.log"])
+    nccl_tail_kib: int = 256  # last KiB kept of each NCCL file
+    nccl_max_files: int = 32
+    output_tail_kib: int = 64  # last KiB kept of the job's stdout / stderr
+    kernel_margin_s: float = 300.0  # kernel-log lines from job start - margin to end + margin
+    kernel_pattern: str = (
+        "Xid|NVRM|mlx5|Out of memory|oom-kill|Killed process|hung_task|blocked for more than"
+    )
+    summary_log_kib: int = 8  # each log tail kept in summary.json
+    max_age_days: float = 30.0  # `evidence prune` default; 0 = no age limit
+    max_total_gb: float = 0.0  # `evidence prune` default; 0 = no size limit
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -113,6 +138,7 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
+    evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property

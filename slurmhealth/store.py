@@ -60,7 +60,11 @@ COLUMNS: dict[str, dict[str, str]] = {
     "events": {"id": _I, "ts": _R, "node": _T, "job_id": _T, "gpu": _I, "uuid": _T, "kind": _T,
                "severity": _T, "message": _T, "evidence": _T},
     "samples": {"id": _I, "ts": _R, "node": _T, "job_id": _T, "gpu": _I, "uuid": _T,
-                "metrics": _T},
+                "metrics": _T, **{c: t for c, t in (
+                    ("util_pct", _R), ("power_w", _R), ("mem_used_bytes", _I), ("temp_c", _R),
+                    ("margin_c", _R), ("clock_reasons", _I), ("pcie_gen", _I),
+                    ("pcie_width", _I), ("nvlink_active", _I), ("nvlink_errors", _I),
+                    ("pcie_replay", _I))}},
     "evidence": {"id": _I, "ts": _R, "job_id": _T, "node": _T, "path": _T, "sha256": _T,
                  "size": _I, "kind": _T},
     "baselines": {"id": _I, "ts": _R, "node": _T, "kind": _T, "metric": _T, "value": _R,
@@ -88,6 +92,18 @@ def _initial_schema(db: Any) -> None:
         db[table].create(dict(columns), pk=PRIMARY_KEYS.get(table, "id"))
         for cols in _INDEXES.get(table, []):
             db[table].create_index(list(cols), if_not_exists=True)
+
+
+@migration(2, "sample metrics as columns")
+def _sample_columns(db: Any) -> None:
+    """The report aggregates a day of samples in SQL: json_extract re-parses the JSON for
+    every call (12 per row), real columns are ~10x faster."""
+    have = set(db["samples"].columns_dict)
+    for column, kind in COLUMNS["samples"].items():
+        if column not in have:
+            db["samples"].add_column(column, {"INTEGER": int, "REAL": float}.get(kind, str))
+    # one job's samples of one node in (gpu, ts) order without a sort
+    db["samples"].create_index(["job_id", "node", "gpu", "ts"], if_not_exists=True)
 
 
 def _sql_value(value: Any) -> Any:

@@ -19,7 +19,8 @@ from typing import Any
 from slurmhealth.config import Config
 from slurmhealth.hooks.drain import DrainOutcome, drain_node
 from slurmhealth.hooks.job import Job, complete, job_from_env
-from slurmhealth.model import Finding
+from slurmhealth.model import Finding, Severity
+from slurmhealth.slurm import SlurmBackend
 
 log = logging.getLogger("slurmhealth.hooks")
 
@@ -137,7 +138,66 @@ def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
     if phase == "prolog":
         _sidecar(cfg, job, phase, exit_code)
+    else:
+        _evidence(cfg, job, slurm, result.findings, outcome)
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
+
+
+def _job_had_events(cfg: Config, job: Job) -> bool:
+    import sqlite3
+
+    from slurmhealth.report.collect import connect
+
+    try:
+        conn = connect(cfg.db_path(job.node))
+        try:
+            row = conn.execute(
+                "select count(*) from events where job_id = ? and severity != 'info'",
+                (job.job_id,),
+            ).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
+    return bool(row and row[0])
+
+
+def _evidence(
+    cfg: Config,
+    job: Job,
+    slurm: SlurmBackend,
+    findings: tuple[Finding, ...],
+    outcome: DrainOutcome | None,
+) -> None:
+    """The epilog keeps the proof: a full bundle when the job failed or anything was
+    noticed, and always the node's summary.json for `slurmhealth report`. Never fails."""
+    from slurmhealth.evidence import capture, write_summary
+
+    bundle_dir = None
+    try:
+        noticed = [f for f in findings if f.severity >= Severity.WARN]
+        if job.failed or noticed or outcome or _job_had_events(cfg, job):
+            why = "job failed" if job.failed else "findings or events during the job"
+            record = slurm.show_job(job.job_id)
+            result = capture(
+                cfg,
+                job.job_id,
+                job.node,
+                reason=why,
+                gpus=job.gpus,
+                user=job.user,
+                uid=job.uid,
+                end_ts=time.time(),
+                stdout_path=record.get("StdOut") or None,
+                stderr_path=record.get("StdErr") or None,
+                budget_s=cfg.evidence.budget_s,
+            )
+            bundle_dir = result.dir
+            log.info("evidence: %s (%d files, %.2f s)", result.dir, len(result.files),
+                     result.elapsed_s)  # fmt: skip
+        write_summary(cfg, job.job_id, job.node, bundle_dir=bundle_dir, uid=job.uid)
+    except Exception as exc:  # evidence is best effort: the epilog's verdict stands
+        log.warning("evidence capture failed: %s: %s", type(exc).__name__, exc)
 
 
 def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:

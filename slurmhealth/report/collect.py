@@ -12,7 +12,7 @@ import json
 import re
 import sqlite3
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
@@ -89,82 +89,75 @@ def _swings(values: list[float]) -> int:
     return n
 
 
-def _gpu_stats(gpu: int, rows: list[sqlite3.Row]) -> GpuStats:
-    ts = [r["ts"] for r in rows]
-    util = [float(r["util"]) for r in rows if r["util"] is not None]
-    power = [float(r["power"]) for r in rows if r["power"] is not None]
-    steps = [b - a for a, b in itertools.pairwise(ts) if b > a]
-    cap = 2 * statistics.median(steps) if steps else 0.0
-    throttle: dict[str, float] = {}
-    for i, r in enumerate(rows):
-        mask = r["reasons"] or 0
-        if not mask or i + 1 >= len(rows):
-            continue
-        dt = min(ts[i + 1] - ts[i], cap)
-        for bit, name in HW_THROTTLE.items():
-            if mask & bit:
-                throttle[name] = throttle.get(name, 0.0) + dt
-    first, last = rows[0], rows[-1]
-    stride = max(1, len(rows) // MAX_SERIES)
-    return GpuStats(
-        gpu=gpu,
-        uuid=last["uuid"],
-        samples=len(rows),
-        util_mean=statistics.fmean(util) if util else None,
-        util_p5=sorted(util)[int(0.05 * (len(util) - 1))] if util else None,
-        util_min=min(util) if util else None,
-        util_max=max(util) if util else None,
-        util_swings=_swings(util),
-        mem_peak_bytes=_max(rows, "mem"),
-        power_mean_w=statistics.fmean(power) if power else None,
-        temp_max_c=_max(rows, "temp"),
-        margin_min_c=_min(rows, "margin"),
-        throttle_seconds={k: round(v, 1) for k, v in throttle.items()},
-        pcie_gen_min=_min(rows, "gen"),
-        pcie_width_min=_min(rows, "width"),
-        nvlink_active_min=_min(rows, "links"),
-        nvlink_errors_delta=max(0, int((last["nvl"] or 0) - (first["nvl"] or 0))),
-        pcie_replays_delta=max(0, int((last["replay"] or 0) - (first["replay"] or 0))),
-        series=tuple((r["ts"], r["util"], r["power"]) for r in rows[::stride]),
-    )
-
-
-def _max(rows: list[sqlite3.Row], key: str) -> Any:
-    values = [r[key] for r in rows if r[key] is not None]
-    return max(values) if values else None
-
-
-def _min(rows: list[sqlite3.Row], key: str) -> Any:
-    values = [r[key] for r in rows if r[key] is not None]
-    return min(values) if values else None
-
-
-_SAMPLE_SQL = """
-select gpu, uuid, ts,
-  json_extract(metrics, '$.utilization_gpu_pct') as util,
-  json_extract(metrics, '$.power_w') as power,
-  json_extract(metrics, '$.memory_used_bytes') as mem,
-  json_extract(metrics, '$.temperature_c') as temp,
-  json_extract(metrics, '$.margin_temperature_c') as margin,
-  json_extract(metrics, '$.clock_event_reasons') as reasons,
-  json_extract(metrics, '$.pcie_gen') as gen,
-  json_extract(metrics, '$.pcie_width') as width,
-  json_extract(metrics, '$.nvlink_active') as links,
-  json_extract(metrics, '$.nvlink_errors') as nvl,
-  json_extract(metrics, '$.pcie_replay_errors') as replay
+_SAMPLES_SQL = """
+select gpu, ts, util_pct, power_w, clock_reasons, uuid, mem_used_bytes, temp_c, margin_c,
+       pcie_gen, pcie_width, nvlink_active, nvlink_errors, pcie_replay
 from samples where job_id = ? and node = ? and gpu is not null order by gpu, ts
 """
 
 
-def _by_gpu(rows: list[sqlite3.Row]) -> Iterator[tuple[int, list[sqlite3.Row]]]:
-    current: list[sqlite3.Row] = []
-    for r in rows:
-        if current and r["gpu"] != current[0]["gpu"]:
-            yield current[0]["gpu"], current
-            current = []
-        current.append(r)
-    if current:
-        yield current[0]["gpu"], current
+def _present(values: tuple[Any, ...]) -> list[Any]:
+    return [v for v in values if v is not None]
+
+
+def _gpu_stats(conn: sqlite3.Connection, job_id: str, node: str) -> tuple[GpuStats, ...]:
+    """One indexed scan of the job's samples, aggregated with C builtins per GPU column
+    (a day of 10 s samples of 8 GPUs in ~0.3 s)."""
+    cur = conn.cursor()
+    cur.row_factory = None  # plain tuples: 70k Row objects cost a quarter second
+    out = []
+    rows_all = cur.execute(_SAMPLES_SQL, (job_id, node)).fetchall()
+    for gpu, group in itertools.groupby(rows_all, key=lambda r: r[0]):
+        rows = list(group)
+        cols = list(zip(*rows, strict=True))
+        util, power = _present(cols[2]), _present(cols[3])
+        mem, temp, margin = _present(cols[6]), _present(cols[7]), _present(cols[8])
+        gen, width, links = _present(cols[9]), _present(cols[10]), _present(cols[11])
+        nvl, replay = _present(cols[12]), _present(cols[13])
+        out.append(
+            GpuStats(
+                gpu=int(gpu),
+                uuid=next((u for u in reversed(cols[5]) if u), None),
+                samples=len(rows),
+                util_mean=sum(util) / len(util) if util else None,
+                util_min=min(util, default=None),
+                util_max=max(util, default=None),
+                mem_peak_bytes=max(mem, default=None),
+                power_mean_w=sum(power) / len(power) if power else None,
+                temp_max_c=max(temp, default=None),
+                margin_min_c=min(margin, default=None),
+                pcie_gen_min=min(gen, default=None),
+                pcie_width_min=min(width, default=None),
+                nvlink_active_min=min(links, default=None),
+                nvlink_errors_delta=max(0, int(max(nvl) - min(nvl))) if nvl else 0,
+                pcie_replays_delta=max(0, int(max(replay) - min(replay))) if replay else 0,
+                **_series_stats(rows, sorted(util)),
+            )
+        )
+    return tuple(out)
+
+
+def _series_stats(rows: list[tuple[Any, ...]], util_sorted: list[float]) -> dict[str, Any]:
+    """p5, swings, throttle seconds and the plot series from (gpu, ts, util, power, reasons)."""
+    ts = [r[1] for r in rows]
+    steps = [b - a for a, b in itertools.pairwise(ts) if b > a]
+    cap = 2 * statistics.median(steps) if steps else 0.0
+    throttle: dict[str, float] = {}
+    for i in range(len(rows) - 1):
+        mask = rows[i][4]
+        if mask:
+            dt = min(ts[i + 1] - ts[i], cap)
+            for bit, name in HW_THROTTLE.items():
+                if int(mask) & bit:
+                    throttle[name] = throttle.get(name, 0.0) + dt
+    stride = max(1, len(rows) // MAX_SERIES)
+    n = len(util_sorted)
+    return {
+        "util_p5": util_sorted[int(0.05 * (n - 1))] if n else None,
+        "util_swings": _swings([float(r[2]) for r in rows if r[2] is not None]),
+        "throttle_seconds": {k: round(v, 1) for k, v in throttle.items()},
+        "series": tuple((r[1], r[2], r[3]) for r in rows[::stride]),
+    }
 
 
 def _task(conn: sqlite3.Connection, job_id: str, node: str) -> TaskFacts | None:
@@ -206,8 +199,7 @@ def node_facts(
                    job_id, node)  # fmt: skip
     evidence = _rows(conn, "select * from evidence where job_id = ? and node = ? order by ts",
                      job_id, node)  # fmt: skip
-    samples = list(conn.execute(_SAMPLE_SQL, (job_id, node)))
-    gpus = tuple(_gpu_stats(gpu, rows) for gpu, rows in _by_gpu(samples))
+    gpus = _gpu_stats(conn, job_id, node)
     return NodeFacts(
         node=node,
         findings=tuple(findings),

@@ -65,6 +65,20 @@ def _write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
+# metrics keys also stored as columns of ``samples`` (the report aggregates them in SQL)
+SAMPLE_COLUMNS = {
+    "utilization_gpu_pct": "util_pct", "power_w": "power_w",
+    "memory_used_bytes": "mem_used_bytes", "temperature_c": "temp_c",
+    "margin_temperature_c": "margin_c", "clock_event_reasons": "clock_reasons",
+    "pcie_gen": "pcie_gen", "pcie_width": "pcie_width", "nvlink_active": "nvlink_active",
+    "nvlink_errors": "nvlink_errors", "pcie_replay_errors": "pcie_replay",
+}  # fmt: skip
+
+
+def sample_columns(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {col: metrics.get(key) for key, col in SAMPLE_COLUMNS.items()}
+
+
 def sample_rows(snapshot: NodeSnapshot, job_id: str) -> list[dict[str, Any]]:
     """One ``samples`` row per GPU: the fields the report plots, None skipped."""
     rows = []
@@ -84,6 +98,7 @@ def sample_rows(snapshot: NodeSnapshot, job_id: str) -> list[dict[str, Any]]:
                 "gpu": g.index,
                 "uuid": g.uuid,
                 "metrics": metrics,
+                **sample_columns(metrics),
             }
         )
     return rows
@@ -134,6 +149,7 @@ class Sidecar:
         self._xid_counts: Counter[tuple[int, int]] = Counter()
         self._seen_xids: dict[tuple[str, int], float] = {}
         self.port: int | None = None
+        self._captured = False
 
     # -- exporter ----------------------------------------------------------------------
     def state(self) -> ExportState:
@@ -296,6 +312,8 @@ class Sidecar:
                 if stats is not None:
                     events += detectors.observe_task(stats, time.time())
                 self._record_events(events)
+                if any(e.kind in ("hang", "step_stall") for e in events):
+                    self._capture_now(events)
                 self._pending_samples += sample_rows(snapshot, self.labels.job_id)
                 if stats is not None and stats.steps_total != last_steps:
                     last_steps = stats.steps_total  # the report's task facts (gpu = NULL)
@@ -328,6 +346,44 @@ class Sidecar:
             server.server_close()
             backend.close()
         return 0
+
+    def _capture_now(self, events: list[Event]) -> None:
+        """A hang: take the evidence (py-spy stacks!) while the processes are still alive,
+        before anyone cancels the job. Once per job, in the background."""
+        if self._captured:
+            return
+        self._captured = True
+        kinds = ", ".join(sorted({e.kind for e in events if e.kind in ("hang", "step_stall")}))
+
+        def run() -> None:
+            import pwd
+
+            from slurmhealth.evidence import capture
+            from slurmhealth.hooks.jobprocs import job_pids
+
+            try:
+                uid = pwd.getpwnam(self.labels.user).pw_uid if self.labels.user else None
+            except KeyError:
+                uid = None
+            try:
+                result = capture(
+                    self.cfg,
+                    self.labels.job_id,
+                    self.node,
+                    reason=f"{kinds} detected while the job ran",
+                    gpus=self.gpus,
+                    user=self.labels.user,
+                    uid=uid,
+                    end_ts=time.time(),
+                    pids=job_pids(self.labels.job_id),
+                    budget_s=self.cfg.evidence.budget_s,
+                )
+                log.warning("job %s: %s: evidence captured in %s", self.labels.job_id, kinds,
+                            result.dir)  # fmt: skip
+            except Exception as exc:
+                log.warning("job %s: evidence capture failed: %s", self.labels.job_id, exc)
+
+        threading.Thread(target=run, daemon=True, name="capture").start()
 
     def _watch_xids(self, backend: Any, queue: list[XidEvent]) -> None:
         while not self._stop.is_set():

@@ -38,7 +38,7 @@ def test_add_attaches_the_jobs_context_and_search_finds_it(sim_env, tmp_path: Pa
                             "hint": "",
                             "evidence": {"xid": 79},
                         },
-                    ),  # fmt: skip
+                    ),
                 ]
             )
         )

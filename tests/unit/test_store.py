@@ -61,8 +61,11 @@ def test_fresh_db_gets_schema_and_reopening_does_not_migrate_again(tmp_path: Pat
     tables = {name for (name,) in query(db, "SELECT name FROM sqlite_master WHERE type='table'")}
     assert tables >= set(COLUMNS) | {"schema_migrations"}
     first = query(db, "SELECT version, name, applied_at FROM schema_migrations")
-    assert [(v, n) for v, n, _ in first] == [(1, "initial schema")]
-    assert query(db, "PRAGMA user_version") == [(1,)]
+    assert [(v, n) for v, n, _ in first] == [
+        (1, "initial schema"),
+        (2, "sample metrics as columns"),
+    ]
+    assert query(db, "PRAGMA user_version") == [(2,)]
     assert query(db, "PRAGMA journal_mode") == [("wal",)]
     indexes = {name for (name,) in query(db, "SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"idx_check_runs_node_ts", "idx_findings_run_id", "idx_samples_job_id"} <= indexes
@@ -189,7 +192,7 @@ def test_two_processes_writing_at_once_into_a_fresh_db(tmp_path: Path, systmp: P
     assert run_writers(db, ["a", "b"], 500, systmp) == ["500", "500"]
     assert query(db, "SELECT count(*) FROM check_runs") == [(1000,)]
     assert query(db, "SELECT count(*) FROM findings") == [(1000,)]
-    assert query(db, "SELECT count(*) FROM schema_migrations") == [(1,)]
+    assert query(db, "SELECT count(*) FROM schema_migrations") == [(2,)]
     assert query(db, "PRAGMA integrity_check") == [("ok",)]
 
 
@@ -198,7 +201,7 @@ def test_many_processes_opening_a_fresh_db_at_once_all_write(tmp_path: Path, sys
     tags = [f"p{i}" for i in range(8)]
     assert run_writers(db, tags, 1, systmp) == ["1"] * 8
     assert query(db, "SELECT count(*) FROM check_runs") == [(8,)]
-    assert query(db, "SELECT version FROM schema_migrations") == [(1,)]
+    assert query(db, "SELECT version FROM schema_migrations") == [(1,), (2,)]
 
 
 def test_concurrent_spooling_and_ingesting_lose_and_duplicate_nothing(
@@ -345,7 +348,7 @@ def test_reads_decode_json_columns_and_reject_unknown_tables(tmp_path: Path) -> 
     sample = {"ts": 5.0, "node": "n1", "job_id": "42", "gpu": 0, "metrics": {"sm_util": 0.9}}
     assert history.write(Batch(inserts=[("samples", sample)]))
     assert history.table_rows("samples")[0]["metrics"] == {"sm_util": 0.9}
-    assert [r["version"] for r in history.table_rows("schema_migrations")] == [1]
+    assert [r["version"] for r in history.table_rows("schema_migrations")] == [1, 2]
     with pytest.raises(ValueError):
         history.table_rows("sqlite_master")
     with pytest.raises(StoreError):
@@ -353,3 +356,25 @@ def test_reads_decode_json_columns_and_reject_unknown_tables(tmp_path: Path) -> 
     history.close()
     [(raw,)] = query(tmp_path / "history.db", "SELECT metrics FROM samples")
     assert isinstance(raw, str) and json.loads(raw) == {"sm_util": 0.9}
+
+
+def test_a_version_1_database_gains_the_sample_columns(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    old = {c: t for c, t in COLUMNS["samples"].items() if c in
+           ("id", "ts", "node", "job_id", "gpu", "uuid", "metrics")}  # fmt: skip
+    with sqlite3.connect(db) as conn:
+        cols = ", ".join(f"{c} {t}" + (" PRIMARY KEY" if c == "id" else "") for c, t in old.items())
+        conn.execute(f"CREATE TABLE samples ({cols})")
+        conn.execute("INSERT INTO samples (ts, node, job_id, gpu, metrics) VALUES "
+                     "(1.0, 'n1', '7', 0, '{\"utilization_gpu_pct\": 55}')")  # fmt: skip
+        conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name TEXT, "
+                     "applied_at REAL)")  # fmt: skip
+        conn.execute("INSERT INTO schema_migrations VALUES (1, 'initial schema', 0)")
+        conn.execute("PRAGMA user_version = 1")
+    with History(db) as history:
+        row = {"ts": 2.0, "node": "n1", "job_id": "7", "gpu": 0, "metrics": {}, "util_pct": 60.0}
+        assert history.write(Batch(inserts=[("samples", row)]))
+    have = {name for (_, name, *_) in query(db, "PRAGMA table_info(samples)")}
+    assert set(COLUMNS["samples"]) <= have
+    assert query(db, "SELECT util_pct FROM samples ORDER BY ts") == [(None,), (60.0,)]
+    assert query(db, "PRAGMA user_version") == [(2,)]

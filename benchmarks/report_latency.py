@@ -1,0 +1,302 @@
+"""Whole-process wall time of `slurmhealth report JOBID --json` on a day-long 3-node job.
+
+Usage: python benchmarks/report_latency.py [--runs 7] [--hours 24] [--json] [--profile]
+Writes a synthetic history with the real History/Batch into a temp dir (3 nodes x 8 GPUs,
+10 s samples: 207,360 rows for 24 h, node dbs via a `{node}` db path), plus a few hundred
+events, findings and check runs, and older jobs for the past-incident search. Then times
+the command: the median of --runs runs after a warm-up. Target: median <= 1 s.
+Measured twice: aggregated from the histories, then with each node's summary.json as the
+epilog leaves it (the report uses a summary whose row counts match the history's).
+--profile adds the top functions of one in-process build (history case) under cProfile.
+Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+NODES = ("n1", "n2", "n3")
+GPUS = 8
+JOB = "4242"
+T0 = 1_700_000_000.0
+
+
+def _with_columns(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A row as the sidecar writes it: the metrics JSON plus their columns."""
+    from slurmhealth.sidecar.run import sample_columns
+
+    return {"metrics": metrics, **sample_columns(metrics)}
+
+
+def _metrics(rng: random.Random, gpu: int, i: int) -> dict[str, Any]:
+    return {
+        "utilization_gpu_pct": 90.0 + rng.random() * 10,
+        "utilization_memory_pct": 40.0,
+        "memory_used_bytes": 70 * 2**30,
+        "temperature_c": 65.0 + gpu,
+        "margin_temperature_c": 20.0 - gpu,
+        "power_w": 600.0 + rng.random() * 50,
+        "power_limit_w": 700.0,
+        "energy_j": 650.0 * 10 * i,
+        "sm_clock_mhz": 1980,
+        "clock_event_reasons": 0x40 if i % 500 == 0 else 0,
+        "pcie_gen": 5,
+        "pcie_width": 16,
+        "pcie_replay_errors": i // 1000,
+        "ecc_volatile_uncorrectable": 0,
+        "nvlink_active": 18,
+        "nvlink_errors": 0,
+        "status": "ok",
+    }
+
+
+def build_history(tmp: Path, hours: float) -> Path:
+    from slurmhealth.store import Batch, History
+
+    rng = random.Random(1)
+    steps = int(hours * 3600 / 10)
+    end = T0 + steps * 10
+    for n, node in enumerate(NODES):
+        with History(tmp / "db" / f"{node}.db") as db:
+            job = {
+                "job_id": JOB,
+                "node": node,
+                "user": "root",
+                "uid": 0,
+                "account": "bench",
+                "partition": "gpu",
+                "qos": "normal",
+                "priority": 1,
+                "nodes": "n[1-3]",
+                "gpus": list(range(GPUS)),
+                "start_ts": T0,
+                "end_ts": end,
+                "state": "failed",
+                "exit_code": "1:0",
+            }
+            db.write(Batch(upserts=[("jobs", job, "job_id")]))
+            for start in range(0, steps, 1000):  # one transaction per 1000 intervals
+                rows = [
+                    (
+                        "samples",
+                        {
+                            "ts": T0 + 10 * i,
+                            "node": node,
+                            "job_id": JOB,
+                            "gpu": g,
+                            "uuid": f"GPU-{node}-{g}",
+                            **_with_columns(_metrics(rng, g, i)),
+                        },
+                    )
+                    for i in range(start, min(steps, start + 1000))
+                    for g in range(GPUS)
+                ]
+                rows += [
+                    (
+                        "samples",
+                        {
+                            "ts": T0 + 10 * i,
+                            "node": node,
+                            "job_id": JOB,
+                            "gpu": None,
+                            "uuid": None,
+                            "metrics": {
+                                "kind": "task",
+                                "samples_per_second": 1000.0 - i / 100,
+                                "steps_total": i,
+                                "step_seconds": 0.5,
+                            },
+                        },
+                    )
+                    for i in range(start, min(steps, start + 1000), 30)
+                ]
+                db.write(Batch(inserts=rows))
+            other = [
+                (
+                    "events",
+                    {
+                        "ts": T0 + rng.random() * (end - T0),
+                        "node": node,
+                        "job_id": JOB,
+                        "gpu": rng.randrange(GPUS),
+                        "uuid": None,
+                        "kind": "throttle",
+                        "severity": "warn",
+                        "message": "HW thermal slowdown",
+                        "evidence": {"reasons": 64},
+                    },
+                )
+                for _ in range(100)
+            ]
+            for k in range(40):  # check runs and findings of older jobs: past incidents
+                run_id = f"{node}-{k}"
+                ts = T0 - 3600 * (k + 1)
+                other.append(
+                    (
+                        "check_runs",
+                        {
+                            "run_id": run_id,
+                            "ts": ts,
+                            "node": node,
+                            "job_id": str(1000 + k),
+                            "phase": "epilog",
+                            "gpus": [0, 1],
+                            "status": "fail",
+                            "exit_code": 0,
+                            "duration_s": 0.5,
+                        },
+                    )
+                )
+                other.append(
+                    (
+                        "findings",
+                        {
+                            "run_id": run_id,
+                            "ts": ts,
+                            "node": node,
+                            "job_id": str(1000 + k),
+                            "check_name": "xid",
+                            "severity": "critical",
+                            "severity_value": 40,
+                            "gpu": k % GPUS,
+                            "message": "Xid 79",
+                            "action": "drain",
+                            "evidence": {"xid": 79},
+                        },
+                    )
+                )
+            if n == 1:
+                other.append(
+                    (
+                        "events",
+                        {
+                            "ts": T0 + 3600,
+                            "node": node,
+                            "job_id": JOB,
+                            "gpu": 5,
+                            "uuid": None,
+                            "kind": "xid",
+                            "severity": "critical",
+                            "message": "Xid 79 GPU has fallen off the bus on GPU 5",
+                            "evidence": {"xid": 79},
+                        },
+                    )
+                )
+            db.write(Batch(inserts=other))
+    cfg = tmp / "config.toml"
+    cfg.write_text(
+        f'[node]\nname = "n1"\n[paths]\ndb = "{tmp}/db/{{node}}.db"\n'
+        f'evidence_dir = "{tmp}/evidence"\n'
+    )
+    return cfg
+
+
+def write_summaries(tmp: Path) -> None:
+    """Each node's summary.json as the epilog leaves it (NodeFacts of its history)."""
+    from slurmhealth.report.collect import connect, node_facts
+
+    for node in NODES:
+        conn = connect(str(tmp / "db" / f"{node}.db"))
+        facts = node_facts(conn, JOB, node)
+        conn.close()
+        folder = tmp / "evidence" / JOB / node
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps(facts.to_dict()))
+
+
+def _time(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
+    subprocess.run(cmd, env=env, capture_output=True, check=False)  # warm-up (page cache)
+    out = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, env=env, capture_output=True, check=False)
+        out.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr.decode()}")
+    return out
+
+
+def _profile(cfg: Path, n: int = 15) -> str:
+    import cProfile
+    import io
+    import pstats
+
+    from slurmhealth.config import load_config
+    from slurmhealth.report.build import build_report
+    from slurmhealth.report.render import to_json
+
+    conf = load_config(str(cfg), env={})
+    prof = cProfile.Profile()
+    prof.enable()
+    json.dumps(to_json(build_report(conf, JOB)))
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(n)
+    return buf.getvalue()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--hours", type=float, default=24.0)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="slurmhealth-report-bench-") as tmp:
+        t0 = time.perf_counter()
+        cfg = build_history(Path(tmp), args.hours)
+        setup = time.perf_counter() - t0
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMHEALTH_")}
+        env["SLURMHEALTH_CONFIG"] = str(cfg)
+        env["PYTHONPATH"] = str(REPO)
+        cmd = [sys.executable, "-m", "slurmhealth", "report", JOB, "--json"]
+        samples = int(args.hours * 360) * GPUS * len(NODES)
+        result: dict[str, Any] = {
+            "samples": samples,
+            "setup_s": round(setup, 2),
+            "runs": args.runs,
+            "target_s": 1.0,
+        }
+        for case in ("history", "summaries"):
+            if case == "summaries":
+                write_summaries(Path(tmp))
+            times = _time(cmd, env, args.runs)
+            result[case] = {
+                "median_s": round(statistics.median(times), 3),
+                "min_s": round(min(times), 3),
+                "max_s": round(max(times), 3),
+            }
+        if args.json:
+            print(json.dumps(result))
+        else:
+            print(
+                f"{samples} samples ({setup:.1f} s to write); `report {JOB} --json`, "
+                f"{args.runs} runs each (target <= 1 s):"
+            )
+            for case, what in (
+                ("history", "aggregated from the 3 node histories"),
+                ("summaries", "epilog summaries current with the histories"),
+            ):
+                r = result[case]
+                print(f"  {what}: median {r['median_s']} s (min {r['min_s']}, max {r['max_s']})")
+        if args.profile:  # the history case: summaries out of the way
+            for node in NODES:
+                os.unlink(Path(tmp, "evidence", JOB, node, "summary.json"))
+            print(_profile(cfg))
+
+
+if __name__ == "__main__":
+    main()

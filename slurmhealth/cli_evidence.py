@@ -1,0 +1,222 @@
+"""`slurmhealth evidence capture|list|show|prune`: a job's evidence bundles (no logic here)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from slurmhealth import render
+from slurmhealth.errors import UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _json_option(fn: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+        fn
+    )
+
+
+def _config() -> Any:
+    return click.get_current_context().obj.config()
+
+
+def _job_row(cfg: Any, job_id: str, node: str) -> dict[str, Any]:
+    """The history's ``jobs`` row for the job ({} when there is none)."""
+    import json
+    import sqlite3
+
+    from slurmhealth.report.collect import connect
+
+    path = cfg.db_path(node)
+    if not os.path.exists(path):
+        return {}
+    try:
+        conn = connect(path)
+        try:
+            row = conn.execute("select * from jobs where job_id = ?", (job_id,)).fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return {}
+    out = dict(row) if row is not None else {}
+    if isinstance(out.get("gpus"), str):
+        try:
+            out["gpus"] = json.loads(out["gpus"])
+        except ValueError:
+            out["gpus"] = []
+    return out
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def _files_table(title: str, files: Sequence[Mapping[str, Any]]) -> None:
+    render.table(
+        title,
+        ["file", "source", "size", "sha256", "cut", "s", "error"],
+        [
+            (
+                f["name"],
+                f.get("source"),
+                _size(f.get("size") or 0),
+                (f.get("sha256") or "")[:12],
+                "timed out" if f.get("timed_out") else "yes" if f.get("truncated") else "",
+                f.get("elapsed_s"),
+                f.get("error") or "",
+            )
+            for f in files
+        ],
+    )
+
+
+@click.group()
+def evidence() -> None:
+    """Evidence bundles: logs, dumps and stacks a job left behind, kept for diagnosis."""
+
+
+@evidence.command("capture")
+@click.argument("job_id")
+@click.option("--node", help="Node name (default: this node).")
+@click.option("--gpus", metavar="LIST", help="GPU indices (default: the job's, else all).")
+@click.option("--reason", default="manual", show_default=True, help="Why (recorded).")
+@click.option("--stdout", "stdout_path", metavar="FILE", help="The job's output file.")
+@click.option("--stderr", "stderr_path", metavar="FILE", help="The job's error file.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Python process to dump (repeat).")
+@click.option("--budget", type=float, help="Seconds for the whole capture (evidence.budget_s).")
+@_json_option
+def capture_cmd(
+    job_id: str,
+    node: str | None,
+    gpus: str | None,
+    reason: str,
+    stdout_path: str | None,
+    stderr_path: str | None,
+    pids: tuple[int, ...],
+    budget: float | None,
+    as_json: bool,
+) -> None:
+    """Capture JOB_ID's evidence bundle on this node now (job details from the history)."""
+    from slurmhealth.cli import parse_gpus
+    from slurmhealth.evidence import capture
+
+    cfg = _config()
+    node = node or cfg.node_name
+    row = _job_row(cfg, job_id, node)
+    indices = parse_gpus(gpus)
+    result = capture(
+        cfg,
+        job_id,
+        node,
+        reason=reason,
+        gpus=indices if indices is not None else list(row.get("gpus") or ()),
+        user=row.get("user") or "",
+        uid=row.get("uid"),
+        start_ts=row.get("start_ts"),
+        end_ts=row.get("end_ts"),
+        stdout_path=stdout_path,
+        stderr_path=stderr_path,
+        pids=pids,
+        budget_s=budget if budget is not None else cfg.evidence.budget_s,
+    )
+    if as_json:
+        render.print_json({
+            "schema": "slurmhealth.evidence-capture/1", "dir": result.dir,
+            "files": list(result.files), "truncated": result.truncated,
+            "elapsed_s": result.elapsed_s, "skipped": dict(result.skipped),
+            "recorded": result.recorded, "notes": list(result.notes),
+        })  # fmt: skip
+        return
+    click.echo(f"{result.dir}: {len(result.files)} files in {result.elapsed_s:.2f} s"
+               + (" (some cut: see the manifest)" if result.truncated else ""))  # fmt: skip
+    _files_table("", list(result.files))
+    for source, why in sorted(result.skipped.items()):
+        click.echo(click.style(f"  skipped {source}: {why}", dim=True))
+    for note in result.notes:
+        click.echo(click.style(f"  note: {note}", fg="yellow"))
+
+
+@evidence.command("list")
+@_json_option
+def list_cmd(as_json: bool) -> None:
+    """Bundles under the evidence directory, newest first."""
+    from slurmhealth.evidence import list_bundles
+
+    bundles = list_bundles(_config())
+    if as_json:
+        render.print_json({"schema": "slurmhealth.evidence-list/1", "bundles": bundles})
+        return
+    render.table(
+        "evidence bundles",
+        ["job", "node", "files", "size", "modified (UTC)", "reason", "cut"],
+        [
+            (
+                b["job"],
+                b["node"],
+                b["files"],
+                _size(b["size"]),
+                render.utc(b["mtime"]),
+                b["reason"] or ("summary only" if not b["captured"] else ""),
+                "yes" if b["truncated"] else "",
+            )
+            for b in bundles
+        ],
+    )
+
+
+@evidence.command("show")
+@click.argument("job_id")
+@click.option("--node", help="Only this node (default: every node with a bundle).")
+@_json_option
+def show_cmd(job_id: str, node: str | None, as_json: bool) -> None:
+    """Print the manifest of JOB_ID's bundle(s)."""
+    from slurmhealth.evidence import list_bundles, read_manifest
+
+    cfg = _config()
+    nodes = [node] if node else [b["node"] for b in list_bundles(cfg) if b["job"] == job_id]
+    manifests = [m for m in (read_manifest(cfg, job_id, n) for n in sorted(nodes)) if m]
+    if not manifests:
+        where = f" on {node}" if node else ""
+        raise UsageError(f"no evidence bundle for job {job_id}{where}")
+    if as_json:
+        render.print_json({"schema": "slurmhealth.evidence-show/1", "manifests": manifests})
+        return
+    for m in manifests:
+        click.echo(f"job {m['job_id']} on {m['node']}: {m.get('reason')} at "
+                   f"{render.utc(m.get('created'))}, {m.get('elapsed_s')} s")  # fmt: skip
+        _files_table("", list(m.get("files", [])))
+        for source, why in sorted((m.get("skipped") or {}).items()):
+            click.echo(click.style(f"  skipped {source}: {why}", dim=True))
+
+
+@evidence.command("prune")
+@click.option("--max-age-days", type=float, help="Remove older bundles (evidence.max_age_days).")
+@click.option("--max-total-gb", type=float, help="Then the oldest above this total size.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@_json_option
+def prune_cmd(
+    max_age_days: float | None, max_total_gb: float | None, dry_run: bool, as_json: bool
+) -> None:
+    """Remove old bundles: older than an age, then the oldest until under a size."""
+    from slurmhealth.evidence import prune
+
+    cfg = _config()
+    age = cfg.evidence.max_age_days if max_age_days is None else max_age_days
+    gb = cfg.evidence.max_total_gb if max_total_gb is None else max_total_gb
+    removed = prune(cfg, age or None, int(gb * 1024**3) or None, dry_run=dry_run)
+    if as_json:
+        render.print_json({"schema": "slurmhealth.evidence-prune/1", "dry_run": dry_run,
+                           "removed": removed})  # fmt: skip
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {len(removed)} bundle(s)")
+    for path in removed:
+        click.echo(f"  {path}")

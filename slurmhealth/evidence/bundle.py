@@ -1,0 +1,172 @@
+"""Where bundles live and how their files are written: paths, permissions, safe writes.
+
+A bundle is ``<evidence_dir>/<job_id>/<node>/`` (``evidence_dir`` may hold ``{node}``).
+It is readable by root, by the configured admin group and by the job's owner, nobody else:
+directories ``0750``, files ``0640``, owner = the job's uid (when known), group = the admin
+group (``evidence.admin_group``; empty = root). The job's owner owns those directories, so
+every write goes through directory file descriptors opened with ``O_NOFOLLOW``: a symlink
+planted in a bundle never redirects a root write or read elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import os
+import re
+import stat
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from slurmhealth.errors import UsageError
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
+
+DIR_MODE = 0o750
+FILE_MODE = 0o640
+ROOT_MODE = 0o711  # the evidence root: traverse only, so nobody lists other jobs
+MANIFEST = "manifest.json"
+SUMMARY = "summary.json"
+_NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,127}")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def safe_name(value: str, what: str) -> str:
+    """``value`` if it is usable as one path component (a job id, a node name)."""
+    if not _NAME_RE.fullmatch(value):
+        raise UsageError(f"{what} {value!r} cannot name an evidence directory")
+    return value
+
+
+def evidence_root(cfg: Config, node: str | None = None) -> str:
+    return cfg.expand(cfg.paths.evidence_dir, node)
+
+
+def bundle_path(cfg: Config, job_id: str, node: str) -> str:
+    """``<evidence_dir>/<job_id>/<node>`` (``{node}`` in evidence_dir expanded)."""
+    root = evidence_root(cfg, node)
+    return os.path.join(root, safe_name(job_id, "job id"), safe_name(node, "node name"))
+
+
+def admin_gid(group: str) -> tuple[int, str | None]:
+    """The admin group's gid (0 when none is configured) and a note when it is unknown."""
+    if not group:
+        return 0, None
+    if group.isdigit():
+        return int(group), None
+    try:
+        return grp.getgrnam(group).gr_gid, None
+    except KeyError:
+        return 0, f"evidence.admin_group {group!r} does not exist; group root used"
+
+
+class Owner:
+    """Who a bundle's directories and files belong to."""
+
+    def __init__(self, uid: int | None, gid: int) -> None:
+        self.uid = uid
+        self.gid = gid
+        self.notes: list[str] = []
+
+    def apply(self, fd: int, mode: int) -> None:
+        os.fchmod(fd, mode)
+        try:
+            os.fchown(fd, -1 if self.uid is None else self.uid, self.gid)
+        except PermissionError as exc:  # not root: the files stay ours
+            note = f"cannot chown evidence files ({exc.strerror}); they keep the writer's owner"
+            if note not in self.notes:
+                self.notes.append(note)
+
+
+def subdir(parent_fd: int, name: str, owner: Owner) -> int:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
+    fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    owner.apply(fd, DIR_MODE)
+    return fd
+
+
+@contextlib.contextmanager
+def open_dir(base: str, parts: Sequence[str], owner: Owner) -> Iterator[int]:
+    """Create ``base/parts...`` (each part ``0750``, owned per ``owner``); yield the last
+    one's file descriptor. ``base`` is created ``0711`` when missing and left alone else."""
+    if not os.path.isdir(base):
+        os.makedirs(base, mode=ROOT_MODE, exist_ok=True)
+    fds = [os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)]
+    try:
+        for part in parts:
+            fds.append(subdir(fds[-1], part, owner))
+        yield fds[-1]
+    finally:
+        for fd in reversed(fds):
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def open_bundle(cfg: Config, job_id: str, node: str, owner: Owner) -> Iterator[int]:
+    root = evidence_root(cfg, node)
+    parts = [safe_name(job_id, "job id"), safe_name(node, "node name")]
+    with open_dir(root, parts, owner) as fd:
+        yield fd
+
+
+def write_file(dir_fd: int, name: str, data: bytes, owner: Owner) -> None:
+    """Write ``name`` (no slashes) in the directory ``dir_fd`` atomically, mode ``0640``."""
+    tmp = f".{name}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dir_fd)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, FILE_MODE, dir_fd=dir_fd)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        owner.apply(fd, FILE_MODE)
+    finally:
+        os.close(fd)
+    os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+
+
+def read_tail(dir_fd: int, name: str, nbytes: int) -> bytes | None:
+    """The last ``nbytes`` of a regular, singly linked file in ``dir_fd``; None otherwise."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=dir_fd)  # fmt: skip
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            return None
+        return os.pread(fd, nbytes, max(0, st.st_size - nbytes))
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def open_existing(path: str) -> Iterator[int | None]:
+    """A directory fd for ``path`` (its last component not a symlink), or None."""
+    try:
+        fd = os.open(path, _DIR_FLAGS)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def open_existing_at(dir_fd: int, name: str) -> Iterator[int | None]:
+    """A directory fd for ``name`` inside ``dir_fd`` (not a symlink), or None."""
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        yield None
+        return
+    try:
+        yield fd
+    finally:
+        os.close(fd)

@@ -1,0 +1,240 @@
+"""Bounded readers for the evidence bundle: every source has a deadline and a byte cap.
+
+A source writes into a :class:`Sink`; the capture closes the sink when it stops waiting, so
+a source that hangs or floods costs at most its cap and its time. Commands run with
+argument lists (never a shell) in their own session and are killed, with their children,
+at the deadline. Deadlines are ``time.monotonic()`` values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import signal
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+_CHUNK = 65536
+
+
+class Sink:
+    """At most ``cap`` bytes a source produced; ignores writes once closed."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = max(0, cap)
+        self.truncated = False
+        self.timed_out = False
+        self.error: str | None = None
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def full(self) -> bool:
+        return self._size >= self.cap
+
+    def write(self, data: bytes) -> bool:
+        """Keep what fits; False when the sink is full or closed (stop producing)."""
+        with self._lock:
+            if self._closed:
+                return False
+            room = self.cap - self._size
+            if len(data) > room:
+                data = data[:room]
+                self.truncated = True
+            if data:
+                self._parts.append(data)
+                self._size += len(data)
+            return not self.truncated
+
+    def fail(self, error: str) -> None:
+        with self._lock:
+            if not self._closed and self.error is None:
+                self.error = error[:500]
+
+    def close(self) -> bytes:
+        with self._lock:
+            self._closed = True
+            return b"".join(self._parts)
+
+
+def run_command(argv: Sequence[str], sink: Sink, deadline: float) -> int | None:
+    """Run ``argv`` (stdout and stderr together) into ``sink`` until it exits, the sink is
+    full or ``deadline`` passes; then kill its process group. Return the exit status, or
+    None when it was cut (``sink.timed_out`` / ``sink.truncated`` say why)."""
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        sink.fail(f"cannot run {argv[0]}: {exc.strerror or exc}")
+        return None
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    rc: int | None = None
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    sink.timed_out = sink.truncated = True
+                    sink.fail(f"{argv[0]} did not finish in time; killed")
+                    break
+                if not sel.select(min(left, 0.5)):
+                    continue
+                try:
+                    chunk = os.read(fd, _CHUNK)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    break  # end of output
+                if not sink.write(chunk):
+                    sink.fail(f"{argv[0]}: output over {sink.cap} bytes; cut")
+                    break
+        if not sink.timed_out and not sink.truncated:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                rc = proc.wait(timeout=max(0.01, deadline - time.monotonic()))
+            if rc is None:
+                sink.timed_out = sink.truncated = True
+                sink.fail(f"{argv[0]} did not exit in time; killed")
+            elif rc != 0:
+                sink.fail(f"{argv[0]} exited with status {rc}")
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1.0)
+        proc.stdout.close()
+    return rc
+
+
+def tail_file(path: str, sink: Sink, nbytes: int, uid: int | None = None) -> None:
+    """The last ``min(nbytes, sink.cap)`` bytes of the regular file ``path``.
+
+    The file is opened without following a final symlink; when ``uid`` is known it must own
+    the file (a job's user must not get root to copy someone else's file into the bundle).
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        sink.fail(f"cannot open {path}: {exc.strerror or exc}")
+        return
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            sink.fail(f"{path} is not a regular file")
+            return
+        if uid is not None and st.st_uid != uid:
+            sink.fail(f"{path} belongs to uid {st.st_uid}, not the job's uid {uid}; not copied")
+            return
+        want = min(nbytes, sink.cap)
+        start = max(0, st.st_size - want)
+        end = st.st_size
+        off = start
+        while off < end:  # a file that still grows is read up to its size at open
+            chunk = os.pread(fd, min(_CHUNK * 16, end - off), off)
+            if not chunk or not sink.write(chunk):
+                break
+            off += len(chunk)
+        if start > 0:
+            sink.truncated = True
+    finally:
+        os.close(fd)
+
+
+def _decode(row: dict[str, Any]) -> dict[str, Any]:
+    for key in ("metrics", "evidence", "detail"):
+        if isinstance(row.get(key), str):
+            with contextlib.suppress(ValueError):
+                row[key] = json.loads(row[key])
+    return row
+
+
+def history_rows(
+    db_path: str, table: str, job_id: str, node: str, sink: Sink, deadline: float
+) -> None:
+    """The job's rows of ``table`` as JSON lines, oldest first; when over the cap the newest
+    rows are kept (the end of a job is what explains its death)."""
+    from slurmhealth.report.collect import connect
+
+    if not os.path.exists(db_path):
+        sink.fail(f"no history at {db_path}")
+        return
+    conn = connect(db_path)
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {int(max(0.05, deadline - time.monotonic()) * 1000)}")
+        cur = conn.execute(
+            f"select * from {table} where job_id = ? and node = ? order by ts desc, rowid desc",
+            (job_id, node),
+        )
+        lines: list[bytes] = []
+        size = 0
+        for n, row in enumerate(cur):
+            line = (json.dumps(_decode(dict(row)), default=str) + "\n").encode()
+            if size + len(line) > sink.cap:
+                sink.truncated = True
+                break
+            lines.append(line)
+            size += len(line)
+            if n % 256 == 0 and time.monotonic() > deadline:
+                sink.timed_out = sink.truncated = True
+                sink.fail("history read did not finish in time")
+                break
+        sink.write(b"".join(reversed(lines)))
+    finally:
+        conn.close()
+
+
+def find_py_spy(configured: str) -> str | None:
+    """``configured`` on PATH (or as a path), else the one installed beside this Python."""
+    import shutil
+    import sys
+
+    found = shutil.which(configured)
+    if found:
+        return found
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if configured == "py-spy" and os.access(beside, os.X_OK) else None
+
+
+def py_spy_dumps(
+    py_spy: str, pids: Sequence[int], sink: Sink, timeout_s: float, deadline: float
+) -> None:
+    """``py-spy dump --pid P`` for each pid, each under its own timeout, into one sink."""
+    errors = []
+    for pid in pids:
+        if time.monotonic() >= deadline:
+            sink.timed_out = sink.truncated = True
+            errors.append(f"no time left for pid {pid}")
+            break
+        if not sink.write(f"==== py-spy dump --pid {pid}\n".encode()):
+            break
+        one = Sink(sink.cap - sink.size)
+        run_command([py_spy, "dump", "--pid", str(pid)], one,
+                    min(deadline, time.monotonic() + timeout_s))  # fmt: skip
+        sink.write(one.close() + b"\n")
+        sink.truncated = sink.truncated or one.truncated
+        sink.timed_out = sink.timed_out or one.timed_out
+        if one.error:
+            errors.append(f"pid {pid}: {one.error}")
+    if errors:
+        sink.fail("; ".join(errors))

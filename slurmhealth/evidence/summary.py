@@ -1,0 +1,121 @@
+"""A node's ``summary.json``: what its history knows about a job, for ``slurmhealth report``.
+
+Cheap (one read-only pass over the history, a few small file reads): the epilog writes it
+for every job, the full capture only when the job failed or showed findings or events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import sqlite3
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from slurmhealth.evidence import bundle
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
+    from slurmhealth.diagnose.facts import NodeFacts
+
+# summary log key -> files of the bundle it is read from (``nccl/`` = every NCCL file)
+LOG_FILES: dict[str, tuple[str, ...]] = {
+    "stderr": ("stderr.tail",),
+    "nccl": ("nccl/",),
+    "kernel": ("kernel.log",),
+    "stacks": ("stacks.txt",),
+}
+
+
+def _text(data: bytes, cap: int) -> str:
+    return data[-cap:].decode("utf-8", "replace")
+
+
+def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
+    """Tails (at most ``cap`` bytes each) of the bundle's logs, for :class:`NodeFacts`."""
+    logs: dict[str, str] = {}
+    for key, names in LOG_FILES.items():
+        for name in names:
+            if not name.endswith("/"):
+                data = bundle.read_tail(dir_fd, name, cap)
+                if data:
+                    logs[key] = _text(data, cap)
+                continue
+            with bundle.open_existing_at(dir_fd, name.rstrip("/")) as sub:
+                if sub is None:
+                    continue
+                parts = []
+                for entry in sorted(os.listdir(sub)):
+                    data = bundle.read_tail(sub, entry, cap)
+                    if data:
+                        parts.append(f"==> {entry} <==\n".encode() + data)
+                if parts:
+                    logs[key] = _text(b"\n".join(parts), cap)
+    return logs
+
+
+def _job_uid(conn: sqlite3.Connection, job_id: str) -> int | None:
+    with contextlib.suppress(sqlite3.Error):
+        row = conn.execute("select uid from jobs where job_id = ?", (job_id,)).fetchone()
+        if row is not None and isinstance(row[0], int):
+            return row[0]
+    return None
+
+
+def node_summary(
+    cfg: Config, job_id: str, node: str, logs: Mapping[str, str] | None
+) -> tuple[NodeFacts, int | None]:
+    """The node's facts about the job (empty when its history cannot be read) and the
+    job's uid from the history's ``jobs`` row."""
+    from slurmhealth.diagnose.facts import NodeFacts
+    from slurmhealth.report import collect
+
+    path = cfg.db_path(node)
+    if not os.path.exists(path):
+        return NodeFacts(node=node, logs=dict(logs or {})), None
+    try:
+        conn = collect.connect(path)
+        try:
+            return collect.node_facts(conn, job_id, node, logs), _job_uid(conn, job_id)
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return NodeFacts(node=node, logs=dict(logs or {})), None
+
+
+def write_summary(
+    cfg: Config,
+    job_id: str,
+    node: str,
+    *,
+    logs: Mapping[str, str] | None = None,
+    bundle_dir: str | None = None,
+    uid: int | None = None,
+) -> str:
+    """Write ``<evidence_dir>/<job_id>/<node>/summary.json`` (``NodeFacts.to_dict()``) with
+    the bundle's permissions; return its path. ``logs`` default: tails of the bundle's
+    stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each. ``uid``
+    default: the ``jobs`` row's."""
+    path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
+    cap = cfg.evidence.summary_log_kib * 1024
+    have_manifest = False
+    with bundle.open_existing(path) as fd:
+        if fd is not None:
+            have_manifest = bundle.read_tail(fd, bundle.MANIFEST, 1) is not None
+            if logs is None:
+                logs = bundle_logs(fd, cap)
+    facts, row_uid = node_summary(cfg, job_id, node, logs)
+    facts = dataclasses.replace(facts, bundle_dir=path if have_manifest else None)
+    gid, _ = bundle.admin_gid(cfg.evidence.admin_group)
+    owner = bundle.Owner(uid if uid is not None else row_uid, gid)
+    data = (json.dumps(facts.to_dict(), indent=1, default=str) + "\n").encode()
+    if bundle_dir is None:
+        ctx = bundle.open_bundle(cfg, job_id, node, owner)
+    else:
+        parent, name = os.path.split(os.path.normpath(bundle_dir))
+        ctx = bundle.open_dir(parent, [name], owner)
+    with ctx as dir_fd:
+        bundle.write_file(dir_fd, bundle.SUMMARY, data, owner)
+    return os.path.join(path, bundle.SUMMARY)
