@@ -28,6 +28,7 @@ from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import UsageError
 from slurmhealth.report.collect import connect, job_facts, node_facts
+from slurmhealth.report.incidents import Incident
 
 SCHEMA = "slurmhealth.report/1"
 MAX_INCIDENTS = 10
@@ -97,6 +98,8 @@ class Report:
     evidence: tuple[NodeEvidence, ...]
     past_incidents: tuple[PastIncident, ...]
     searched: tuple[str, ...]  # every path looked at
+    # the knowledge base (`slurmhealth incident add`): (why, incident), linked first
+    known_incidents: tuple[tuple[str, Incident], ...] = ()
 
     @property
     def facts(self) -> Facts:
@@ -313,7 +316,19 @@ def build_report(
         evidence=tuple(evidence),
         past_incidents=tuple(incidents),
         searched=tuple(where),
+        known_incidents=tuple(_known_incidents(cfg, job_id, facts)),
     )
+
+
+def _known_incidents(cfg: Config, job_id: str, facts: Facts) -> list[tuple[str, Incident]]:
+    """Incidents recorded for this job, and similar ones (same GPU, Xid, node and check)."""
+    from slurmhealth.report.incidents import context_of, related
+
+    context: dict[str, set[Any]] = {"nodes": set(), "gpus": set(), "xids": set(), "checks": set()}
+    for nf in facts.nodes:
+        for key, values in context_of([*nf.findings, *nf.events], nf.node).items():
+            context[key] |= values
+    return related(cfg, job_id, context)
 
 
 def _read_nodes(

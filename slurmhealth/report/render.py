@@ -137,6 +137,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "evidence": [{**asdict(e), "files": [dict(f) for f in e.files]} for e in report.evidence],
         "past_incidents": [{**asdict(i), "time": utc(i.ts)} for i in report.past_incidents],
         "searched": list(report.searched),
+        "incidents": [{"why": why, **asdict(i)} for why, i in report.known_incidents],
     }
 
 
@@ -351,6 +352,12 @@ def _print_tail(report: Report, con: Any, table: Any) -> None:
         con.print(
             Text(f"evidence {e.node} ({e.source}): ", style="bold")
             + Text(f"{e.bundle_dir or '-'} manifest {e.manifest or '-'} ({len(e.files)} files)")
+        )
+    if report.known_incidents:
+        table(
+            "known incidents (slurmhealth incident add)",
+            ["why", "job", "symptom", "root cause", "fix"],
+            [(w, i.job_id, i.symptom, i.root_cause, i.fix) for w, i in report.known_incidents],
         )
     if report.past_incidents:
         table(
