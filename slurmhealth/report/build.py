@@ -342,23 +342,32 @@ def _read_nodes(
     for d in dbs:
         for node in d.nodes:
             live.setdefault(node, d)
-    nodes, sources, evidence = [], [], []
+    chosen: list[tuple[str, str, str, NodeFacts | None]] = []  # node, source, path, facts
     for node in dict.fromkeys([*job.nodes, *sorted(live), *sorted(summaries)]):
         summary = _node_summary(summaries, node)
         if node in live and summary and _unchanged(live[node].conn, job.job_id, node, summary):
-            nf = summary  # the epilog's precomputed facts of exactly these history rows
-            sources.append((node, "summary-current", summaries[node][0]))
+            # the epilog's precomputed facts of exactly these history rows
+            chosen.append((node, "summary-current", summaries[node][0], summary))
         elif node in live:
-            nf = node_facts(live[node].conn, job.job_id, node)
-            sources.append((node, "history", live[node].path))
+            chosen.append((node, "history", live[node].path, None))
         elif summary is not None:
-            nf = summary
-            sources.append((node, "summary", summaries[node][0]))
-        else:
-            continue
-        nodes.append(nf)
-        evidence.append(_evidence(cfg, job.job_id, nf, sources[-1][1]))
+            chosen.append((node, "summary", summaries[node][0], summary))
+    # (threads made this slower: each row tuple needs the GIL, so they only convoy)
+    nodes, sources, evidence = [], [], []
+    for node, source, path, nf in chosen:
+        facts = nf if nf is not None else _aggregate(path, job.job_id, node)
+        nodes.append(facts)
+        sources.append((node, source, path))
+        evidence.append(_evidence(cfg, job.job_id, facts, source))
     return nodes, sources, evidence
+
+
+def _aggregate(path: str, job_id: str, node: str) -> NodeFacts:
+    conn = connect(path)  # a connection per thread
+    try:
+        return node_facts(conn, job_id, node)
+    finally:
+        conn.close()
 
 
 def _node_summary(

@@ -12,7 +12,7 @@ import json
 import re
 import sqlite3
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
@@ -78,7 +78,7 @@ def job_facts(conn: sqlite3.Connection, job_id: str) -> JobFacts | None:
     )
 
 
-def _swings(values: list[float]) -> int:
+def _swings(values: Sequence[float]) -> int:
     """How often utilisation crossed between idle (<10%) and busy (>90%)."""
     state, n = None, 0
     for v in values:
@@ -96,8 +96,9 @@ from samples where job_id = ? and node = ? and gpu is not null order by gpu, ts
 """
 
 
-def _present(values: tuple[Any, ...]) -> list[Any]:
-    return [v for v in values if v is not None]
+def _present(values: tuple[Any, ...]) -> tuple[Any, ...] | list[Any]:
+    """The column without NULLs (the usual column has none: checked at C speed)."""
+    return values if None not in values else [v for v in values if v is not None]
 
 
 def _gpu_stats(conn: sqlite3.Connection, job_id: str, node: str) -> tuple[GpuStats, ...]:
@@ -131,30 +132,34 @@ def _gpu_stats(conn: sqlite3.Connection, job_id: str, node: str) -> tuple[GpuSta
                 nvlink_active_min=min(links, default=None),
                 nvlink_errors_delta=max(0, int(max(nvl) - min(nvl))) if nvl else 0,
                 pcie_replays_delta=max(0, int(max(replay) - min(replay))) if replay else 0,
-                **_series_stats(rows, sorted(util)),
+                **_series_stats(rows, util, cols[4]),
             )
         )
     return tuple(out)
 
 
-def _series_stats(rows: list[tuple[Any, ...]], util_sorted: list[float]) -> dict[str, Any]:
+def _series_stats(
+    rows: list[tuple[Any, ...]], util: Sequence[float], reasons: tuple[Any, ...]
+) -> dict[str, Any]:
     """p5, swings, throttle seconds and the plot series from (gpu, ts, util, power, reasons)."""
-    ts = [r[1] for r in rows]
-    steps = [b - a for a, b in itertools.pairwise(ts) if b > a]
-    cap = 2 * statistics.median(steps) if steps else 0.0
     throttle: dict[str, float] = {}
-    for i in range(len(rows) - 1):
-        mask = rows[i][4]
-        if mask:
-            dt = min(ts[i + 1] - ts[i], cap)
-            for bit, name in HW_THROTTLE.items():
-                if int(mask) & bit:
-                    throttle[name] = throttle.get(name, 0.0) + dt
+    if any(reasons):  # most jobs never throttle: skip the walk
+        ts = [r[1] for r in rows]
+        steps = [b - a for a, b in itertools.pairwise(ts) if b > a]
+        cap = 2 * statistics.median(steps) if steps else 0.0
+        for i in range(len(rows) - 1):
+            mask = reasons[i]
+            if mask:
+                dt = min(ts[i + 1] - ts[i], cap)
+                for bit, name in HW_THROTTLE.items():
+                    if int(mask) & bit:
+                        throttle[name] = throttle.get(name, 0.0) + dt
     stride = max(1, len(rows) // MAX_SERIES)
+    util_sorted = sorted(util)
     n = len(util_sorted)
     return {
         "util_p5": util_sorted[int(0.05 * (n - 1))] if n else None,
-        "util_swings": _swings([float(r[2]) for r in rows if r[2] is not None]),
+        "util_swings": _swings(util),
         "throttle_seconds": {k: round(v, 1) for k, v in throttle.items()},
         "series": tuple((r[1], r[2], r[3]) for r in rows[::stride]),
     }
