@@ -321,16 +321,9 @@ def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
 
 
 def _history_paths(cfg: Any, node: str | None) -> list[str]:
-    """The history databases to read: this node's, or, when ``paths.db`` holds ``{node}``
-    (several nodes' histories on one host or a shared filesystem), each node's."""
-    if "{node}" not in cfg.paths.db:
-        return [cfg.db_path()]
-    if node:
-        path = cfg.db_path(node)
-        return [path] if os.path.exists(path) else []
-    import glob
+    from slurmhealth.report.collect import history_paths
 
-    return sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
+    return history_paths(cfg, [node] if node else ())
 
 
 @cli.command()

@@ -18,14 +18,9 @@ def _job_context(cfg: Any, job_id: str) -> dict[str, set[Any]]:
     from slurmhealth.report.collect import connect
 
     ctx: dict[str, set[Any]] = {"nodes": set(), "gpus": set(), "xids": set(), "checks": set()}
-    paths = [cfg.db_path()]
-    if "{node}" in cfg.paths.db:
-        import glob
+    from slurmhealth.report.collect import history_paths
 
-        paths = sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
-    for path in paths:
-        if not os.path.exists(path):
-            continue
+    for path in history_paths(cfg):
         try:
             conn = connect(path)
             rows = [

@@ -20,14 +20,14 @@ import re
 import sqlite3
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import UsageError
-from slurmhealth.report.collect import connect, job_facts, node_facts
+from slurmhealth.report.collect import connect, history_paths, job_facts, node_facts
 from slurmhealth.report.incidents import Incident
 
 SCHEMA = "slurmhealth.report/1"
@@ -107,15 +107,6 @@ class Report:
 
 
 # -- sources --------------------------------------------------------------------------------
-
-
-def history_paths(cfg: Config, nodes: Iterable[str] = ()) -> list[str]:
-    """The local db, and with ``{node}`` in ``paths.db`` each node's (named or found)."""
-    paths = [cfg.db_path()]
-    if "{node}" in cfg.paths.db:
-        paths += [cfg.db_path(n) for n in nodes]
-        paths += sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
-    return [p for p in dict.fromkeys(paths) if os.path.exists(p)]
 
 
 @dataclass

@@ -7,14 +7,17 @@ aggregation runs in SQL where it can, so a day of 10 s samples of 8 GPUs stays f
 from __future__ import annotations
 
 import contextlib
+import glob
 import itertools
 import json
+import os
 import re
 import sqlite3
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
 
 HW_THROTTLE = {0x8: "hw_slowdown", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x20: "sw_thermal"}
@@ -37,6 +40,17 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
                 width = len(lo)
                 out.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1))
     return tuple(out)
+
+
+def history_paths(cfg: Config, nodes: Iterable[str] = ()) -> list[str]:
+    """The history databases this host can read: its own, and when ``paths.db`` holds
+    ``{node}`` (several slurmd on one host, or a shared filesystem) each node's, named or
+    found. Only files that exist."""
+    paths = [cfg.db_path()]
+    if "{node}" in cfg.paths.db:
+        paths += [cfg.db_path(n) for n in nodes]
+        paths += sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
+    return [p for p in dict.fromkeys(paths) if os.path.exists(p)]
 
 
 def connect(path: str) -> sqlite3.Connection:
