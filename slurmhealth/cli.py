@@ -371,11 +371,14 @@ def nodes(ctx: Ctx, as_json: bool) -> None:
 
 
 def _register_subcommands() -> None:
+    from slurmhealth.cli_baseline import baseline, validate
     from slurmhealth.cli_evidence import evidence
     from slurmhealth.cli_incident import incident
     from slurmhealth.cli_report import report
 
     cli.add_command(report)
+    cli.add_command(baseline)
+    cli.add_command(validate)
     cli.add_command(incident)
     cli.add_command(evidence)
 

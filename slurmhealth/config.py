@@ -129,6 +129,25 @@ class EvidenceConfig:
 
 
 @dataclass(frozen=True)
+class BaselineConfig:
+    """Benchmark baselines (``slurmhealth baseline``, ``slurmhealth validate``)."""
+
+    warn_pct: float = 10.0  # a metric this many percent worse than its reference: warn
+    fail_pct: float = 20.0  # ...this many percent worse: fail
+    outlier_fraction: float = 0.8  # below this share of the fleet median: an outlier
+    # pinned references, "kind.metric" = value (or just "metric" = value); else fleet median
+    pinned: dict[str, Any] = field(default_factory=dict)
+    # `slurmhealth validate` benchmarks: name (a parser kind) = command line (no shell)
+    validate_commands: dict[str, Any] = field(
+        default_factory=lambda: {
+            "nccl": "all_reduce_perf -b 8 -e 1G -f 2 -g 8",
+            "gpuburn": "gpu_burn 30",
+        }
+    )
+    validate_timeout_s: float = 600.0  # each validation benchmark at most this long
+
+
+@dataclass(frozen=True)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -139,6 +158,7 @@ class Config:
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
+    baseline: BaselineConfig = field(default_factory=BaselineConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property

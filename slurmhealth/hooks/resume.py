@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import os
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,49 @@ def _actor() -> str:
     return os.environ.get("SUDO_USER") or getpass.getuser()
 
 
+def drained_since(reason_time: float | None, drains: Iterable[Mapping[str, Any]]) -> float | None:
+    """When the node's current drain began: Slurm's reason time, else the latest ``drained``
+    row of its history; None when neither is known."""
+    if reason_time:
+        return reason_time
+    times = [float(d["ts"]) for d in drains if d.get("state") == "drained" and d.get("ts")]
+    return max(times, default=None)
+
+
+def passing_validation(
+    runs: Iterable[Mapping[str, Any]], since: float | None
+) -> Mapping[str, Any] | None:
+    """The latest ``validate`` run after ``since`` (any time when None) if it passed (status
+    ok); None when there is none or the latest one did not pass."""
+    after = [
+        r for r in runs
+        if r.get("phase") == "validate" and r.get("ts") is not None
+        and (since is None or float(r["ts"]) > since)
+    ]  # fmt: skip
+    if not after:
+        return None
+    last = max(after, key=lambda r: float(r["ts"]))
+    return last if last.get("status") == "ok" else None
+
+
+def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
+    from slurmhealth.errors import StoreError
+    from slurmhealth.store import History
+
+    path = cfg.db_path(node)
+    if not os.path.exists(path):
+        return False
+    try:
+        with History(path) as db:
+            drains = db.table_rows("drains", "node = ? and state = 'drained'", [node])
+            since = drained_since(reason_time, drains)
+            where, params = "node = ? and phase = 'validate'", [node]
+            runs = db.table_rows("check_runs", where, params, "ts DESC", 50)
+    except StoreError:
+        return False
+    return passing_validation(runs, since) is not None
+
+
 def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> ResumeOutcome:
     """Resume ``node`` if its current reason is slurmhealth's; someone else's needs --force.
     Every resume (and every refusal) is recorded in the node's history."""
@@ -34,7 +78,9 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
         raise UsageError(f"no node named {node!r} in this cluster")
     if not info.drained:
         return ResumeOutcome(1, f"{node} is not drained (state {info.state}); nothing to do")
-    refused = not info.ours and not force
+    unvalidated = info.ours and not _validated(cfg, node, info.reason_time)
+    refused = (not info.ours or unvalidated) and not force
+    forced = force and (not info.ours or unvalidated)
     if not refused:
         slurm.resume(node)
     history = History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None)
@@ -52,7 +98,8 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
                         "detail": {
                             "previous_reason": info.reason,
                             "previous_by": info.reason_user,
-                            "forced": force and not info.ours,
+                            "forced": forced,
+                            "validated": info.ours and not unvalidated,
                         },
                     },
                 )
@@ -60,6 +107,13 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
         )
     )
     history.close()
+    if refused and info.ours:
+        return ResumeOutcome(
+            1,
+            f"{node} was drained by slurmhealth ({info.reason!r}) and has no passing validation "
+            f"since; left drained. Run `slurmhealth validate --node {node}` on {node}, then "
+            "resume again (or use --force to resume it without validation)",
+        )
     if refused:
         who = f" by {info.reason_user}" if info.reason_user else ""
         return ResumeOutcome(
@@ -67,6 +121,9 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
             f"{node} was drained{who} with reason {info.reason!r}, not by slurmhealth; "
             "left drained (use --force to resume it anyway)",
         )
+    if forced:
+        why = "without a passing validation" if info.ours else "over a reason not set by us"
+        return ResumeOutcome(0, f"{node} resumed, forced {why} (was: {info.reason!r})")
     return ResumeOutcome(0, f"{node} resumed (was: {info.reason!r})")
 
 

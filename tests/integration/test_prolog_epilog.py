@@ -223,12 +223,23 @@ def test_resume_of_our_own_drain(healthy: Cluster) -> None:
     assert healthy.sinfo_reasons()["n2"].startswith("slurmhealth:")
     subprocess.run(["scancel", job.job_id], check=False)
     healthy.set_scenario("healthy")
+    refused = slurmhealth(healthy, "resume", "n2", "--reason", "link reseated")
+    assert refused.returncode == 1 and "slurmhealth validate --node n2" in refused.stdout
+    assert healthy.sinfo_reasons()["n2"].startswith("slurmhealth:")  # still drained
+    checked = slurmhealth(
+        healthy, "validate", "--node", "n2", "--benchmarks", "", env={"SLURMD_NODENAME": "n2"}
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     ok = slurmhealth(healthy, "resume", "n2", "--reason", "link reseated")
     assert ok.returncode == 0, ok.stdout + ok.stderr
     assert "n2" not in healthy.sinfo_reasons()
     listing = slurmhealth(healthy, "drains", "--node", "n2", "--json")
     states = [d["state"] for d in json.loads(listing.stdout)["drains"]]
-    assert states[:2] == ["resumed", "drained"]
+    assert states[:3] == ["resumed", "resume_refused", "drained"]
+    runs = rows(
+        healthy.node_db("n2"), "select phase, status from check_runs where phase = 'validate'"
+    )
+    assert [(r["phase"], r["status"]) for r in runs][-1:] == [("validate", "ok")]
 
 
 def test_optout_skips_checks_and_is_recorded(healthy: Cluster) -> None:

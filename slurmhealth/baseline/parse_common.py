@@ -1,0 +1,64 @@
+"""Small helpers shared by the benchmark-output parsers (no parsing policy lives here)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from slurmhealth.baseline.model import BaselineParseError
+
+# Numbers as the tools print them; bounded so int()/float() never see absurd inputs.
+NUM = r"\d{1,20}(?:\.\d{1,20})?(?:[eE][+-]?\d{1,3})?"
+
+
+def fail(kind: str, message: str) -> BaselineParseError:
+    """One-line parse error naming the kind and what was missing."""
+    first = " ".join(message.split())
+    return BaselineParseError(f"{kind}: {first}")
+
+
+def slug(name: str) -> str:
+    """``"Memory Bandwidth"`` -> ``"memory_bandwidth"``: stable metric-name fragments."""
+    out = re.sub(r"[^a-z0-9]+", "_", name.strip().lower()).strip("_")
+    return out or "unnamed"
+
+
+def load_json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` that starts a line, skipping warning preambles.
+
+    Returns None when no line starts a decodable object."""
+    decoder = json.JSONDecoder()
+    pos = 0
+    for line in text.splitlines(keepends=True):
+        stripped = line.lstrip()
+        if stripped.startswith("{"):
+            start = pos + (len(line) - len(stripped))
+            try:
+                obj, _end = decoder.raw_decode(text, start)
+            except (ValueError, RecursionError):
+                pos += len(line)
+                continue
+            if isinstance(obj, dict):
+                return obj
+        pos += len(line)
+    return None
+
+
+def as_float(value: Any) -> float | None:
+    """A JSON number (or numeric string) as float; None for anything else, bools included."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and re.fullmatch(r"-?" + NUM, value.strip()):
+        return float(value.strip())
+    return None
+
+
+def as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -1,0 +1,41 @@
+"""Read benchmark output (nccl-tests, gpu-burn, fio JSON, nvbandwidth, dcgmi diag) into
+:class:`ParseResult`. Each parser is strict: a file with nothing usable raises
+:class:`BaselineParseError` with one line naming what was missing; a partly readable file
+returns what was read plus ``problems``. No parser raises anything else on any text."""
+
+from __future__ import annotations
+
+from slurmhealth.baseline.model import KINDS, BaselineParseError, ParseResult
+from slurmhealth.baseline.parse_dcgm import parse_dcgm
+from slurmhealth.baseline.parse_fio import parse_fio
+from slurmhealth.baseline.parse_gpuburn import parse_gpuburn
+from slurmhealth.baseline.parse_nccl import parse_nccl
+from slurmhealth.baseline.parse_nvbandwidth import parse_nvbandwidth
+
+__all__ = [
+    "parse",
+    "parse_dcgm",
+    "parse_fio",
+    "parse_gpuburn",
+    "parse_nccl",
+    "parse_nvbandwidth",
+]
+
+
+def parse(kind: str, text: str, *, test: str | None = None) -> ParseResult:
+    """Parse ``text`` as the output of benchmark ``kind`` (one of :data:`KINDS`).
+
+    ``test`` names the nccl-tests binary (``all_reduce_perf``) when the output does not."""
+    if kind == "nccl":
+        return parse_nccl(text, test=test)
+    if kind == "gpuburn":
+        return parse_gpuburn(text)
+    if kind == "fio":
+        return parse_fio(text)
+    if kind == "nvbandwidth":
+        return parse_nvbandwidth(text)
+    if kind == "dcgm":
+        return parse_dcgm(text)
+    raise BaselineParseError(
+        f"unknown benchmark kind {kind!r}; expected one of: {', '.join(KINDS)}"
+    )

@@ -1,0 +1,237 @@
+"""``slurmhealth validate``: prove a drained node healthy before it is resumed.
+
+No Slurm job: the health checks (phase ``validate``, all GPUs) and the configured short
+benchmarks (``[baseline] validate_commands``; run without a shell, with a timeout), whose
+output is parsed, stored with label ``validate`` and compared with the fleet reference
+(the other nodes' latest values, or a pinned value). The run is one ``check_runs`` row with
+phase ``validate`` and status ``ok`` / ``fail``; ``resume`` looks for it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurmhealth.baseline.model import ParseResult
+from slurmhealth.config import Config
+from slurmhealth.errors import UsageError
+from slurmhealth.model import Severity
+
+Parse = Callable[[str, str], ParseResult]
+PHASE = "validate"
+LABEL = "validate"
+
+
+@dataclass(frozen=True)
+class BenchOutcome:
+    name: str
+    command: str
+    passed: bool
+    stored: int = 0
+    problems: tuple[str, ...] = ()  # why it failed (tool errors, exit code, timeout, parse)
+    deviations: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "command": self.command,
+            "passed": self.passed,
+            "stored": self.stored,
+            "problems": list(self.problems),
+            "deviations": list(self.deviations),
+        }
+
+
+@dataclass(frozen=True)
+class ValidateResult:
+    node: str
+    run_id: str
+    check_status: str
+    check_findings: tuple[str, ...]
+    benchmarks: tuple[BenchOutcome, ...] = ()
+    reasons: tuple[str, ...] = field(default_factory=tuple)  # why it failed; empty: passed
+
+    @property
+    def status(self) -> str:
+        return "fail" if self.reasons else "ok"
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.reasons else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": "slurmhealth.validate/1",
+            "node": self.node,
+            "run_id": self.run_id,
+            "status": self.status,
+            "check_status": self.check_status,
+            "check_findings": list(self.check_findings),
+            "benchmarks": [b.to_dict() for b in self.benchmarks],
+            "reasons": list(self.reasons),
+        }
+
+
+def select_benchmarks(cfg: Config, names: Sequence[str] | None) -> dict[str, str]:
+    """The configured commands to run, by name; unknown names are a usage error."""
+    commands = {str(k): str(v) for k, v in cfg.baseline.validate_commands.items()}
+    if names is None:
+        return commands
+    unknown = [n for n in names if n not in commands]
+    if unknown:
+        known = ", ".join(commands) or "none"
+        raise UsageError(f"--benchmarks: unknown {', '.join(unknown)} (configured: {known})")
+    return {n: commands[n] for n in names}
+
+
+def _run_command(command: str, timeout_s: float) -> tuple[str, list[str]]:
+    """Stdout (plus stderr) of ``command``, and what went wrong running it."""
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        return "", [f"bad command line: {exc}"]
+    if not argv:
+        return "", ["empty command line"]
+    try:
+        proc = subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout_s, check=False,
+            errors="replace",
+        )  # fmt: skip
+    except FileNotFoundError:
+        return "", [f"{argv[0]}: command not found"]
+    except PermissionError:
+        return "", [f"{argv[0]}: permission denied"]
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else ""
+        return out, [f"timed out after {timeout_s:g} s"]
+    problems = [] if proc.returncode == 0 else [f"exited {proc.returncode}"]
+    return proc.stdout + ("\n" + proc.stderr if proc.stderr else ""), problems
+
+
+def _benchmark(
+    cfg: Config, name: str, command: str, node: str, gpu_model: str | None, parse: Parse
+) -> BenchOutcome:
+    from slurmhealth.baseline import compare, store
+    from slurmhealth.baseline.model import BaselineParseError
+
+    output, problems = _run_command(command, cfg.baseline.validate_timeout_s)
+    if problems and not output.strip():  # did not start, or died silently: nothing to parse
+        return BenchOutcome(name, command, False, problems=tuple(problems))
+    try:
+        result = parse(name, output)
+    except BaselineParseError as exc:
+        return BenchOutcome(name, command, False, problems=(*problems, f"unreadable: {exc}"))
+    problems += [f"tool reported: {e}" for e in result.errors]
+    if not result.passed and not result.errors:
+        problems.append("tool reported errors")
+    stored = store.ingest(
+        cfg, name, result, node=node, gpu_model=gpu_model, label=LABEL, source=command
+    )
+    everyone = store.rows(cfg, node=None, kind=name)
+    others = [r for r in everyone if r["node"] != node]
+    refs = compare.reference(others, pinned=cfg.baseline.pinned)
+    mine = [r for r in everyone if r["node"] == node]
+    if not any(r["label"] == LABEL for r in mine):  # history not readable here: use the result
+        now = time.time()
+        mine = [
+            {"ts": now, "id": 0, "node": node, "kind": name, "metric": m.metric,
+             "value": m.value, "unit": m.unit, "gpu": m.gpu, "gpu_model": gpu_model}
+            for m in result.measurements
+        ]  # fmt: skip
+    devs = compare.compare(mine, node, refs, cfg.baseline.warn_pct, cfg.baseline.fail_pct)
+    problems += [d.line() for d in devs if d.status == "fail"]
+    return BenchOutcome(
+        name,
+        command,
+        passed=not problems,
+        stored=stored,
+        problems=tuple(problems),
+        deviations=tuple(d.to_dict() for d in devs),
+    )
+
+
+def run_validate(
+    cfg: Config, benchmarks: Sequence[str] | None = None, parse: Parse | None = None
+) -> ValidateResult:
+    """Checks (phase ``validate``, all GPUs), then each benchmark; the verdict is recorded
+    in the node's history as the check run's status (``ok`` / ``fail``) with a finding per
+    failed benchmark."""
+    from slurmhealth.hooks.check import run_check
+
+    commands = select_benchmarks(cfg, benchmarks)
+    if parse is None:
+        from slurmhealth.baseline.parsers import parse as parse_output
+
+        parse = parse_output
+    check = run_check(cfg, phase=PHASE)
+    node = check.node or cfg.node_name
+    models = [g.name for g in check.snapshot.gpus if g.name]
+    gpu_model = models[0] if models else None
+    reasons = [f"check {f.check}: {f.message}" for f in check.findings
+               if f.severity >= Severity.FAIL]  # fmt: skip
+    outcomes: list[BenchOutcome] = []
+    _mark(cfg, check.run_id, "running")  # a killed validation never reads as passed
+    try:
+        for name, command in commands.items():
+            outcome = _benchmark(cfg, name, command, node, gpu_model, parse)
+            outcomes.append(outcome)
+            reasons += [f"{name}: {p}" for p in outcome.problems]
+    except BaseException:
+        reasons.append("validation interrupted")
+        raise
+    finally:
+        result = ValidateResult(
+            node=node,
+            run_id=check.run_id,
+            check_status=check.status,
+            check_findings=tuple(f"{f.check}: {f.message}" for f in check.findings),
+            benchmarks=tuple(outcomes),
+            reasons=tuple(reasons),
+        )
+        _record(cfg, result, check.snapshot.ts)
+    return result
+
+
+def _mark(cfg: Config, run_id: str, status: str) -> None:
+    from slurmhealth.store import Batch, History
+
+    run = {"run_id": run_id, "phase": PHASE, "status": status}
+    with History(cfg.db_path(), spool_path=cfg.spool_path() or None) as db:
+        db.write(Batch(upserts=[("check_runs", run, "run_id")]))
+
+
+def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
+    """The check run's row gets the verdict; each failed benchmark becomes a finding."""
+    from slurmhealth.store import Batch, History
+
+    findings = [
+        (
+            "findings",
+            {
+                "run_id": result.run_id,
+                "ts": ts,
+                "node": result.node,
+                "check_name": f"baseline.{b.name}",
+                "severity": Severity.FAIL.label,
+                "severity_value": int(Severity.FAIL),
+                "message": "; ".join(b.problems),
+                "action": "drain",
+                "hint": f"benchmark: {b.command}",
+                "evidence": {"deviations": list(b.deviations)},
+            },
+        )
+        for b in result.benchmarks
+        if not b.passed
+    ]
+    run = {
+        "run_id": result.run_id,
+        "phase": PHASE,
+        "status": result.status,
+        "exit_code": result.exit_code,
+    }
+    with History(cfg.db_path(), spool_path=cfg.spool_path() or None) as db:
+        db.write(Batch(inserts=findings, upserts=[("check_runs", run, "run_id")]))
