@@ -145,6 +145,13 @@ class BaselineConfig:
         }
     )
     validate_timeout_s: float = 600.0  # each validation benchmark at most this long
+    # optional prolog step: when the node's last validation (or last prolog run of it) is
+    # older than prolog_bench_max_age_s (0 = never), the prolog re-runs this short test
+    # within prolog_bench_timeout_s, stores it (label "prolog") and compares it to the fleet
+    prolog_bench_max_age_s: float = 0.0
+    prolog_bench_kind: str = "nvbandwidth"
+    prolog_bench_command: str = "nvbandwidth -t host_to_device_memcpy_ce"
+    prolog_bench_timeout_s: float = 3.0
 
 
 @dataclass(frozen=True)

@@ -113,12 +113,21 @@ def _run_command(command: str, timeout_s: float) -> tuple[str, list[str]]:
 
 
 def _benchmark(
-    cfg: Config, name: str, command: str, node: str, gpu_model: str | None, parse: Parse
+    cfg: Config,
+    name: str,
+    command: str,
+    node: str,
+    gpu_model: str | None,
+    parse: Parse,
+    *,
+    label: str = LABEL,
+    timeout_s: float | None = None,
 ) -> BenchOutcome:
     from slurmhealth.baseline import compare, store
     from slurmhealth.baseline.model import BaselineParseError
 
-    output, problems = _run_command(command, cfg.baseline.validate_timeout_s)
+    timeout = cfg.baseline.validate_timeout_s if timeout_s is None else timeout_s
+    output, problems = _run_command(command, timeout)
     if problems and not output.strip():  # did not start, or died silently: nothing to parse
         return BenchOutcome(name, command, False, problems=tuple(problems))
     try:
@@ -129,13 +138,13 @@ def _benchmark(
     if not result.passed and not result.errors:
         problems.append("tool reported errors")
     stored = store.ingest(
-        cfg, name, result, node=node, gpu_model=gpu_model, label=LABEL, source=command
+        cfg, name, result, node=node, gpu_model=gpu_model, label=label, source=command
     )
     everyone = store.rows(cfg, node=None, kind=name)
     others = [r for r in everyone if r["node"] != node]
     refs = compare.reference(others, pinned=cfg.baseline.pinned)
     mine = [r for r in everyone if r["node"] == node]
-    if not any(r["label"] == LABEL for r in mine):  # history not readable here: use the result
+    if not any(r["label"] == label for r in mine):  # history not readable here: the result
         now = time.time()
         mine = [
             {"ts": now, "id": 0, "node": node, "kind": name, "metric": m.metric,
@@ -151,6 +160,37 @@ def _benchmark(
         stored=stored,
         problems=tuple(problems),
         deviations=tuple(d.to_dict() for d in devs),
+    )
+
+
+def prolog_bench(
+    cfg: Config, node: str, gpu_model: str | None, *, now: float, parse: Parse | None = None
+) -> BenchOutcome | None:
+    """The prolog's optional short bandwidth test: run only when the node's last validation
+    or prolog run of it is older than ``baseline.prolog_bench_max_age_s``; stored with label
+    "prolog" and compared with the fleet. None when not due (or not configured)."""
+    from slurmhealth.baseline import store
+
+    bc = cfg.baseline
+    if bc.prolog_bench_max_age_s <= 0 or not bc.prolog_bench_command.strip():
+        return None
+    rows = store.rows(cfg, node=node, kind=bc.prolog_bench_kind)
+    last = max((r["ts"] for r in rows if r.get("label") in (LABEL, "prolog")), default=None)
+    if last is not None and now - last < bc.prolog_bench_max_age_s:
+        return None
+    if parse is None:
+        from slurmhealth.baseline.parsers import parse as parse_output
+
+        parse = parse_output
+    return _benchmark(
+        cfg,
+        bc.prolog_bench_kind,
+        bc.prolog_bench_command,
+        node,
+        gpu_model,
+        parse,
+        label="prolog",
+        timeout_s=bc.prolog_bench_timeout_s,
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from slurmhealth.config import Config
 from slurmhealth.hooks.drain import DrainOutcome, drain_node
 from slurmhealth.hooks.job import Job, complete, job_from_env
-from slurmhealth.model import Finding, Severity
+from slurmhealth.model import Finding, NodeSnapshot, Severity
 from slurmhealth.slurm import SlurmBackend
 
 log = logging.getLogger("slurmhealth.hooks")
@@ -137,10 +137,29 @@ def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
         )
     exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
     if phase == "prolog":
+        if exit_code == 0:
+            _prolog_bench(cfg, job, result.snapshot)
         _sidecar(cfg, job, phase, exit_code)
     else:
         _evidence(cfg, job, slurm, result.findings, outcome)
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
+
+
+def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
+    """The optional short bandwidth test when the node's last validation is old. Recorded
+    and compared with the fleet; a slow result is logged, never a reason to fail the job."""
+    if cfg.baseline.prolog_bench_max_age_s <= 0:
+        return
+    from slurmhealth.baseline.validate import prolog_bench
+
+    try:
+        model = next((g.name for g in snapshot.gpus if g.name), None)
+        outcome = prolog_bench(cfg, job.node, model, now=time.time())
+    except Exception as exc:  # fail open: a benchmark must never cost the job its start
+        log.warning("prolog bandwidth test failed to run: %s: %s", type(exc).__name__, exc)
+        return
+    if outcome is not None and not outcome.passed:
+        log.warning("prolog bandwidth test: %s", "; ".join(outcome.problems))
 
 
 def _job_had_events(cfg: Config, job: Job) -> bool:
