@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from slurmhealth.metrics import CONTENT_TYPE, SidecarCollector, render
-from slurmhealth.sidecar.state import ExportState, TaskStats
+from slurmhealth.metrics import SidecarCollector, serve
+from slurmhealth.sidecar.state import TaskStats
 from tests.prometheus_util import promtool, query, start_prometheus
 from tests.unit.test_metrics import state
 
@@ -204,44 +202,15 @@ def test_dashboard_contents() -> None:
 # ---------------------------------------------------------------------- a real Prometheus
 
 
-class _Exporter:
-    """``render()`` of a registry served on a loopback port, as the sidecar serves it."""
-
-    def __init__(self, get_state: Callable[[], ExportState]) -> None:
-        registry = CollectorRegistry()
-        registry.register(SidecarCollector(get_state))
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = render(registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join(timeout=5)
-
-
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Prometheus running deploy/prometheus.yml (1 s intervals) against one live sidecar."""
     tmp = tmp_path_factory.mktemp("prometheus")
-    exporter = _Exporter(state)
+    exporter = serve(state, "127.0.0.1", [0])  # the sidecar's own /metrics server
+    port = exporter.server_address[1]
     sd = tmp / "file_sd"
     sd.mkdir()
-    target = {"targets": [f"127.0.0.1:{exporter.port}"],
+    target = {"targets": [f"127.0.0.1:{port}"],
               "labels": {"job_id": "4242", "user": "alice", "node": "gpu-a01"}}  # fmt: skip
     (sd / "4242-gpu-a01.json").write_text(json.dumps([target]))
     config = (PROM_DIR / "prometheus.yml").read_text()
@@ -255,7 +224,8 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base_url
     finally:
         stop()
-        exporter.close()
+        exporter.shutdown()
+        exporter.server_close()
 
 
 def wait_for(base_url: str, expr: str, count: int, timeout: float = 20.0) -> list[Any]:
