@@ -145,24 +145,11 @@ def read_tail(dir_fd: int, name: str, nbytes: int) -> bytes | None:
 
 
 @contextlib.contextmanager
-def open_existing(path: str) -> Iterator[int | None]:
-    """A directory fd for ``path`` (its last component not a symlink), or None."""
+def open_existing(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
+    """A directory fd for ``path`` (relative to ``dir_fd`` when given; its last component
+    not a symlink), or None."""
     try:
-        fd = os.open(path, _DIR_FLAGS)
-    except OSError:
-        yield None
-        return
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def open_existing_at(dir_fd: int, name: str) -> Iterator[int | None]:
-    """A directory fd for ``name`` inside ``dir_fd`` (not a symlink), or None."""
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
     except OSError:
         yield None
         return

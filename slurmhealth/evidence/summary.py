@@ -43,7 +43,7 @@ def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
                 if data:
                     logs[key] = _text(data, cap)
                 continue
-            with bundle.open_existing_at(dir_fd, name.rstrip("/")) as sub:
+            with bundle.open_existing(name.rstrip("/"), dir_fd) as sub:
                 if sub is None:
                     continue
                 parts = []
