@@ -343,3 +343,15 @@ def cluster() -> Iterator[Cluster]:
     yield c
     if not was_up and os.environ.get("SLURMHEALTH_KEEP_CLUSTER", "") != "1":
         _run([str(CLUSTER_SCRIPT), "down"], check=False, timeout=120)
+
+
+@pytest.fixture
+def healthy(cluster: Cluster) -> Iterator[Cluster]:
+    """Every test starts and ends on a healthy, fully resumed cluster with no job left."""
+    cluster.wait_idle()
+    cluster.set_scenario("healthy")
+    cluster.resume_all()
+    yield cluster
+    cluster.wait_idle()  # requeued jobs must not leak into the next test
+    cluster.set_scenario("healthy")
+    cluster.resume_all()

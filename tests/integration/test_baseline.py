@@ -9,20 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.integration.conftest import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / "tests" / "fixtures" / "bin"
-
-
-@pytest.fixture
-def clean(cluster: Cluster) -> Cluster:
-    cluster.wait_idle()
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
-    return cluster
 
 
 def _submit(cluster: Cluster, template: str, tmp: Path, *args: str) -> str:
@@ -58,23 +48,23 @@ def _submit(cluster: Cluster, template: str, tmp: Path, *args: str) -> str:
     return proc.stdout.strip().split(";")[0]
 
 
-def test_templates_run_and_store_their_results(clean: Cluster, tmp_path: Path) -> None:
+def test_templates_run_and_store_their_results(healthy: Cluster, tmp_path: Path) -> None:
     jobs = {
-        "nccl-tests.sbatch": _submit(clean, "nccl-tests.sbatch", tmp_path, "-w", "n1"),
+        "nccl-tests.sbatch": _submit(healthy, "nccl-tests.sbatch", tmp_path, "-w", "n1"),
         "nccl-tests-multinode.sbatch": _submit(
-            clean, "nccl-tests-multinode.sbatch", tmp_path, "-N", "2"
+            healthy, "nccl-tests-multinode.sbatch", tmp_path, "-N", "2"
         ),
-        "gpu-burn.sbatch": _submit(clean, "gpu-burn.sbatch", tmp_path, "-w", "n2"),
-        "fio.sbatch": _submit(clean, "fio.sbatch", tmp_path, "-w", "n3"),
-        "dcgm-diag.sbatch": _submit(clean, "dcgm-diag.sbatch", tmp_path, "-w", "n3"),
+        "gpu-burn.sbatch": _submit(healthy, "gpu-burn.sbatch", tmp_path, "-w", "n2"),
+        "fio.sbatch": _submit(healthy, "fio.sbatch", tmp_path, "-w", "n3"),
+        "dcgm-diag.sbatch": _submit(healthy, "dcgm-diag.sbatch", tmp_path, "-w", "n3"),
     }
     for template, job_id in jobs.items():
-        done = clean.wait_job(job_id, timeout=90)
+        done = healthy.wait_job(job_id, timeout=90)
         out = "\n".join(p.read_text() for p in tmp_path.glob(f"*-{job_id}.out"))
         assert done.state == "COMPLETED", f"{template}: {done.record}\n{out}"
     shown = subprocess.run(
         [sys.executable, "-m", "slurmhealth", "baseline", "show", "--json"],
-        env={**os.environ, "SLURMHEALTH_CONFIG": str(clean.dir / "slurmhealth.toml")},
+        env={**os.environ, "SLURMHEALTH_CONFIG": str(healthy.dir / "slurmhealth.toml")},
         capture_output=True,
         text=True,
         check=True,

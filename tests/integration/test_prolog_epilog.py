@@ -7,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,18 +55,6 @@ def slurmhealth(
             **(env or {}),
         },
     )
-
-
-@pytest.fixture
-def healthy(cluster: Cluster) -> Iterator[Cluster]:
-    """Every test starts and ends on a healthy, fully resumed cluster."""
-    cluster.wait_idle()
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
-    yield cluster
-    cluster.wait_idle()  # requeued jobs must not leak into the next test
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
 
 
 def test_healthy_multinode_job_records_a_prolog_run_on_every_node(healthy: Cluster) -> None:

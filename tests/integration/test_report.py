@@ -10,7 +10,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,17 +31,6 @@ name = "all-idle"
 [all_gpus]
 utilization_gpu = 0
 """
-
-
-@pytest.fixture
-def clean(cluster: Cluster) -> Iterator[Cluster]:
-    cluster.wait_idle()
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
-    yield cluster
-    cluster.wait_idle()
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
 
 
 def _as_user(user: str, *args: str, cluster: Cluster) -> subprocess.CompletedProcess[str]:
@@ -78,14 +66,14 @@ def _needs_user_python() -> None:
 
 
 def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
-    clean: Cluster, tmp_path: Path
+    healthy: Cluster, tmp_path: Path
 ) -> None:
     _needs_user_python()
-    clean.set_scenario(GPU5_OFF_THE_BUS_ON_N2)
-    job = clean.sbatch("-N3", "--gres=gpu:8", "-o", "/dev/null", "--wrap",
+    healthy.set_scenario(GPU5_OFF_THE_BUS_ON_N2)
+    job = healthy.sbatch("-N3", "--gres=gpu:8", "-o", "/dev/null", "--wrap",
                        "srun sleep 8; exit 3", timeout=90)  # fmt: skip
     assert job.state == "FAILED"
-    evidence = clean.dir / "evidence" / job.job_id
+    evidence = healthy.dir / "evidence" / job.job_id
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not all(
         (evidence / n / "summary.json").exists() for n in ("n1", "n2", "n3")
@@ -101,9 +89,9 @@ def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
             assert len(data) == entry["size"]
         assert (evidence / node / "summary.json").exists()
     assert "NVRM: Xid (PCI:0000:ab:00): 79" in (evidence / "n2" / "kernel.log").read_text()
-    assert clean.sinfo_reasons()["n2"].startswith("slurmhealth:")
+    assert healthy.sinfo_reasons()["n2"].startswith("slurmhealth:")
 
-    proc = _as_user("shuser", "report", job.job_id, "--json", cluster=clean)
+    proc = _as_user("shuser", "report", job.job_id, "--json", cluster=healthy)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     verdict = report["verdict"]
@@ -114,7 +102,7 @@ def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
     assert {e["node"] for e in report["timeline"] if e["node"]} >= {"n1", "n2", "n3"}
     html = tmp_path / "report.html"
     proc = _as_user("shuser", "report", job.job_id, "--html", "/tmp/shuser-report.html",
-                    cluster=clean)  # fmt: skip
+                    cluster=healthy)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     shutil.copy("/tmp/shuser-report.html", html)
     chromium = shutil.which("chromium")
@@ -151,7 +139,7 @@ def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
     # another user: refused, and cannot read the evidence either
     if subprocess.run(["id", "shuser2"], capture_output=True).returncode != 0:
         subprocess.run(["useradd", "-M", "shuser2"], check=True)
-    refused = _as_user("shuser2", "report", job.job_id, "--json", cluster=clean)
+    refused = _as_user("shuser2", "report", job.job_id, "--json", cluster=healthy)
     assert refused.returncode == 4 and "belongs to shuser" in refused.stderr
     peek = subprocess.run(
         ["runuser", "-u", "shuser2", "--", "cat", str(evidence / "n2" / "kernel.log")],
@@ -164,24 +152,24 @@ def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
     assert owner == pwd.getpwnam("shuser").pw_uid
 
 
-def test_hang_is_caught_with_a_live_stack(clean: Cluster) -> None:
-    config = clean.dir / "slurmhealth.toml"
+def test_hang_is_caught_with_a_live_stack(healthy: Cluster) -> None:
+    config = healthy.dir / "slurmhealth.toml"
     saved = config.read_text()
     config.write_text(saved.replace("job_check_interval_s = 15.0",
                                     "job_check_interval_s = 15.0\nhang_after_s = 3.0"))  # fmt: skip
-    clean.set_scenario(ALL_IDLE)
+    healthy.set_scenario(ALL_IDLE)
     script = "import time\ndef wait_for_allreduce():\n    time.sleep(40)\nwait_for_allreduce()\n"
     try:
-        job = clean.sbatch("-N1", "-w", "n1", "--gres=gpu:8", "-o", "/dev/null", "--wrap",
+        job = healthy.sbatch("-N1", "-w", "n1", "--gres=gpu:8", "-o", "/dev/null", "--wrap",
                            f"python3 -c '{script}'", wait=False)  # fmt: skip
-        clean.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
-        stacks = clean.dir / "evidence" / job.job_id / "n1" / "stacks.txt"
+        healthy.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
+        stacks = healthy.dir / "evidence" / job.job_id / "n1" / "stacks.txt"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not (stacks.exists() and stacks.stat().st_size):
             time.sleep(0.3)
         assert "wait_for_allreduce" in stacks.read_text()  # py-spy saw the live process
         subprocess.run(["scancel", job.job_id], check=False)
-        clean.wait_job(job.job_id, timeout=60)
+        healthy.wait_job(job.job_id, timeout=60)
     finally:
         config.write_text(saved)
     proc = subprocess.run(

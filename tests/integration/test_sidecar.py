@@ -6,10 +6,7 @@ import json
 import os
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from tests.integration.conftest import Cluster
 from tests.prometheus_util import query, start_prometheus
@@ -40,17 +37,8 @@ def _wait(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
         time.sleep(0.25)
 
 
-@pytest.fixture
-def clean(cluster: Cluster) -> Iterator[Cluster]:
-    cluster.wait_idle()
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
-    yield cluster
-    cluster.wait_idle()
-
-
-def test_prometheus_discovers_the_sidecar_through_file_sd(clean: Cluster, tmp_path: Path) -> None:
-    sd_dir = clean.dir / "file_sd"
+def test_prometheus_discovers_the_sidecar_through_file_sd(healthy: Cluster, tmp_path: Path) -> None:
+    sd_dir = healthy.dir / "file_sd"
     config = f"""
 global:
   scrape_interval: 1s
@@ -64,8 +52,8 @@ scrape_configs:
 """
     base, stop = start_prometheus(tmp_path, config)
     try:
-        job = clean.sbatch("-N1", "-w", "n2", "--gres=gpu:8", "--wrap", "sleep 15", wait=False)
-        clean.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
+        job = healthy.sbatch("-N1", "-w", "n2", "--gres=gpu:8", "--wrap", "sleep 15", wait=False)
+        healthy.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
         promql = f'slurmhealth_gpu_utilization_ratio{{job_id="{job.job_id}"}}'
 
         def series() -> list[dict[str, str]]:
@@ -82,7 +70,7 @@ scrape_configs:
         assert len(info) == 1 and info[0]["metric"]["gpus"] == "0,1,2,3,4,5,6,7"
         sd_file = sd_dir / f"slurmhealth-n2-{job.job_id}.json"
         assert sd_file.exists() and _sidecar_pids(job.job_id)
-        done = clean.wait_job(job.job_id, timeout=60)
+        done = healthy.wait_job(job.job_id, timeout=60)
         assert done.state == "COMPLETED"
         _wait(lambda: not sd_file.exists(), 10, "the file_sd target file to go")
         _wait(lambda: not _sidecar_pids(job.job_id), 10, "the sidecar process to go")
@@ -93,7 +81,7 @@ scrape_configs:
             return not any(t["labels"].get("job_id") == job.job_id for t in targets)
 
         _wait(target_gone, 15, "Prometheus to drop the target")
-        samples = clean.node_db("n2")
+        samples = healthy.node_db("n2")
         import sqlite3
 
         with sqlite3.connect(samples) as conn:
@@ -105,14 +93,14 @@ scrape_configs:
         stop()
 
 
-def test_eight_single_gpu_jobs_get_eight_sidecars(clean: Cluster) -> None:
+def test_eight_single_gpu_jobs_get_eight_sidecars(healthy: Cluster) -> None:
     jobs = [
-        clean.sbatch("-N1", "-w", "n1", "--gres=gpu:1", "--wrap", "sleep 12", wait=False)
+        healthy.sbatch("-N1", "-w", "n1", "--gres=gpu:1", "--wrap", "sleep 12", wait=False)
         for _ in range(8)
     ]
     for j in jobs:
-        clean.wait_job(j.job_id, states=frozenset({"RUNNING"}), timeout=60)
-    run = clean.dir / "nodes" / "n1" / "run"
+        healthy.wait_job(j.job_id, states=frozenset({"RUNNING"}), timeout=60)
+    run = healthy.dir / "nodes" / "n1" / "run"
     ports = {}
     for j in jobs:
         port_file = run / f"sidecar-{j.job_id}.port"
@@ -135,16 +123,16 @@ def test_eight_single_gpu_jobs_get_eight_sidecars(clean: Cluster) -> None:
         gpus_seen[job_id] = lines[0].split('gpu="')[1].split('"')[0]
     assert sorted(gpus_seen.values()) == [str(i) for i in range(8)]  # each its own GPU
     for j in jobs:
-        clean.wait_job(j.job_id, timeout=60)
+        healthy.wait_job(j.job_id, timeout=60)
     for j in jobs:
         _wait(lambda j=j: not _sidecar_pids(j.job_id), 10, "sidecars to exit")
     assert not list(run.glob("sidecar-*"))
 
 
-def test_training_template_reports_task_metrics(clean: Cluster) -> None:
+def test_training_template_reports_task_metrics(healthy: Cluster) -> None:
     repo = Path(__file__).resolve().parents[2]
-    run_dir = clean.dir / "nodes" / "{node}" / "run"
-    job = clean.sbatch(
+    run_dir = healthy.dir / "nodes" / "{node}" / "run"
+    job = healthy.sbatch(
         "-N1",
         "-w",
         "n3",
@@ -156,8 +144,8 @@ def test_training_template_reports_task_metrics(clean: Cluster) -> None:
         str(repo / "sbatch-templates" / "train.sbatch"),
         wait=False,
     )
-    clean.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
-    port_file = clean.dir / "nodes" / "n3" / "run" / f"sidecar-{job.job_id}.port"
+    healthy.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=30)
+    port_file = healthy.dir / "nodes" / "n3" / "run" / f"sidecar-{job.job_id}.port"
     port = int(_wait(lambda: port_file.exists() and port_file.read_text().strip(), 20, "port"))
 
     def task_metrics() -> dict[str, float]:
@@ -174,16 +162,16 @@ def test_training_template_reports_task_metrics(clean: Cluster) -> None:
     assert 0.05 <= values["slurmhealth_job_comm_ratio"] <= 0.15
     assert 0 < values["slurmhealth_job_mfu_ratio"] < 1
     assert values["slurmhealth_job_samples_per_second"] > 50
-    done = clean.wait_job(job.job_id, timeout=60)
+    done = healthy.wait_job(job.job_id, timeout=60)
     assert done.state == "COMPLETED", done.record
 
 
-def test_sidecar_exits_by_itself_when_its_job_is_gone(clean: Cluster, tmp_path: Path) -> None:
+def test_sidecar_exits_by_itself_when_its_job_is_gone(healthy: Cluster, tmp_path: Path) -> None:
     import subprocess
     import sys
 
     config = tmp_path / "config.toml"
-    base = (clean.dir / "slurmhealth.toml").read_text()
+    base = (healthy.dir / "slurmhealth.toml").read_text()
     config.write_text(base.replace("job_check_interval_s = 15.0", "job_check_interval_s = 1.0"))
     env = {"PATH": os.environ["PATH"], "SLURMHEALTH_CONFIG": str(config), "SLURMD_NODENAME": "n1"}
     proc = subprocess.Popen(
@@ -197,4 +185,4 @@ def test_sidecar_exits_by_itself_when_its_job_is_gone(clean: Cluster, tmp_path: 
     finally:
         proc.kill()
     assert "is gone" in (proc.stderr.read() if proc.stderr else "")
-    assert not (clean.dir / "nodes" / "n1" / "run" / "sidecar-99999999.pid").exists()
+    assert not (healthy.dir / "nodes" / "n1" / "run" / "sidecar-99999999.pid").exists()
