@@ -146,21 +146,13 @@ def run_check(
         history.close()
 
 
-def _read_state(history: History) -> tuple[Any, Any, Any, list[str]]:
-    """The stored NVLink counters, kernel-log cursor and GPU inventory, and a note when
-    the history cannot be read (the check goes on without them)."""
+def _read_state(history: History) -> tuple[dict[str, Any], list[str]]:
+    """What the last runs stored (NVLink counters, kernel-log cursor, GPU inventory), and
+    a note when the history cannot be read: the check goes on without it."""
     try:
-        previous = history.kv_get(COUNTERS_KEY)
-        cursor = history.kv_get(CURSOR_KEY)
-        inventory = history.kv_get(INVENTORY_KEY)
+        return {key: history.kv_get(key) for key in (COUNTERS_KEY, CURSOR_KEY, INVENTORY_KEY)}, []
     except Exception as exc:  # an unreadable history must not stop the check
-        return (
-            None,
-            None,
-            None,
-            [f"history unreadable ({type(exc).__name__}: {exc}); rates skipped"],
-        )
-    return previous, cursor, inventory, []
+        return {}, [f"history unreadable ({type(exc).__name__}: {exc}); rates skipped"]
 
 
 def check_node(
@@ -182,7 +174,8 @@ def check_node(
 
     t0 = time.monotonic()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
-    previous, cursor, inventory, notes = _read_state(history)
+    stored, notes = _read_state(history)
+    previous, inventory = stored.get(COUNTERS_KEY), stored.get(INVENTORY_KEY)
     snapshot = _with_known_identity(backend.snapshot(gpus), inventory)
     source = cfg.kernel_log.source
     if source == "auto":
@@ -190,7 +183,7 @@ def check_node(
     reader = KernelLogReader(
         source, lookback_s=cfg.kernel_log.lookback_s, budget_s=cfg.kernel_log.budget_s
     )
-    log_read = reader.read_new(cursor, time.time())
+    log_read = reader.read_new(stored.get(CURSOR_KEY), time.time())
     if log_read.error:
         notes.append(f"kernel log {source}: {log_read.error}")
     ctx = CheckContext(

@@ -24,8 +24,9 @@ from slurmhealth.gpu.scenario import load_scenario
 from slurmhealth.gpu.sim import SimulatedNvml
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
+from slurmhealth.hooks.resume import resume
 from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo, SlurmError
-from slurmhealth.store import History
+from slurmhealth.store import Batch, History
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 NODE = "n1"
@@ -201,7 +202,7 @@ def test_node_drained_by_an_admin_keeps_their_reason(tmp_path: Path) -> None:
 
 
 def test_circuit_breaker_open_records_without_draining(tmp_path: Path) -> None:
-    cfg = _config(tmp_path, "nvlink-down")  # drain_max_share 0.10 of 10 nodes: one
+    cfg = _config(tmp_path, "nvlink-down", **{"policy.drain_max_share": 0.1})  # 1 of 10
     slurm = RecordingSlurm(_cluster(n5=f"{REASON_PREFIX} ecc_uncorrectable gpu1 DBE"))
     result = _hook(cfg, tmp_path, slurm)
     assert (result.exit_code, result.status) == (0, "fail")
@@ -335,3 +336,34 @@ def test_epilog_drains_for_a_fault_that_appeared_during_the_job(tmp_path: Path) 
     assert reason.startswith(f"{REASON_PREFIX} ecc_uncorrectable gpu1 ")
     (row,) = _drain_rows(tmp_path)
     assert (row["state"], row["actor"]) == ("drained", "slurmhealth epilog")
+
+
+def test_resume_leaves_an_admins_drain_alone_unless_forced(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "healthy")
+    slurm = RecordingSlurm(_cluster(n1="rack 7 maintenance"))
+    with History(tmp_path / "history.db") as history:
+        refused = resume(cfg, slurm, history, NODE, "fixed")
+        assert refused.exit_code == 1 and "not by slurmhealth" in refused.message
+        assert slurm.resumes == []
+        forced = resume(cfg, slurm, history, NODE, "fixed", force=True)
+    assert forced.exit_code == 0 and slurm.resumes == [NODE]
+    rows = _drain_rows(tmp_path)
+    assert [(r["state"], r["reason"]) for r in rows] == [
+        ("resume_refused", "fixed"),
+        ("resumed", "fixed"),
+    ]
+    assert '"forced": true' in rows[1]["detail"]
+
+
+def test_resume_of_our_drain_needs_a_passing_validation(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "healthy")
+    ours = NodeInfo(NODE, "drained", f"{REASON_PREFIX} gpu_lost gpu5", "root", 1000.0)
+    slurm = RecordingSlurm([ours, NodeInfo("n2", "idle")])
+    with History(tmp_path / "history.db") as history:
+        first = resume(cfg, slurm, history, NODE, "replaced gpu5")
+        assert first.exit_code == 1 and f"slurmhealth validate --node {NODE}" in first.message
+        run = {"run_id": "v1", "ts": 2000.0, "node": NODE, "phase": "validate", "status": "ok"}
+        history.write(Batch(inserts=[("check_runs", run)]))
+        second = resume(cfg, slurm, history, NODE, "replaced gpu5")
+    assert second.exit_code == 0 and slurm.resumes == [NODE]
+    assert [r["state"] for r in _drain_rows(tmp_path)] == ["resume_refused", "resumed"]
