@@ -5,6 +5,10 @@ Exit codes (the entry point turns them into the process status):
   requeues the job elsewhere. Warnings, opt-outs and suppressed drains are 0.
 - epilog: always 0; a non-zero epilog makes Slurm replace our reason with "Epilog error".
 Internal errors propagate to the entry point, which fails open (see prolog/ wrapper).
+
+The decision is :func:`run_hook` over :class:`Adapters` (Slurm backend, GPU backend,
+history); :func:`run_prolog` and :func:`run_epilog` wire the real ones, the unit tests
+recording ones (tests/unit/test_hooks_decisions.py).
 """
 
 from __future__ import annotations
