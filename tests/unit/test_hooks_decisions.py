@@ -9,6 +9,7 @@ drain calls with their reasons, and the rows a user later reads with `slurmhealt
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable
@@ -69,6 +70,20 @@ class RecordingSlurm:
 
     def show_job(self, job_id: str) -> dict[str, str]:
         return {}
+
+
+@pytest.fixture(scope="module")
+def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An empty history with its schema, made once: each test starts from a copy."""
+    path = tmp_path_factory.mktemp("template") / "history.db"
+    with History(path) as history:
+        assert history.write(Batch())
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _node_history(tmp_path: Path, migrated_db: Path) -> None:
+    shutil.copy(migrated_db, tmp_path / "history.db")
 
 
 def _cluster(size: int = 10, **drained: str) -> list[NodeInfo]:
