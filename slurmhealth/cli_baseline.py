@@ -186,7 +186,7 @@ def validate(node: str | None, benchmarks: str | None, as_json: bool) -> None:
 
     Exits 0 on a pass, 1 on a fail."""
     from slurmhealth import render
-    from slurmhealth.baseline.validate import run_validate
+    from slurmhealth.hooks.validate import run_validate
 
     names = None
     if benchmarks is not None:

@@ -229,3 +229,47 @@ def normalize_pci_bus_id(text: str) -> str:
     if d > 0xFFFF or b > 0xFF or v > 0x1F or f > 7:
         raise ValueError(f"not a PCI bus id: {text!r}")
     return f"{d:04x}:{b:02x}:{v:02x}.{f}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """The job a prolog, epilog or sidecar runs for (Slurm's environment, completed by
+    one ``squeue`` call where the environment lacks fields)."""
+
+    job_id: str
+    node: str
+    user: str = ""
+    uid: int | None = None
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    priority: int | None = None
+    nodes: str = ""
+    gpus: tuple[int, ...] = ()
+    comment: str = ""
+    extra: str = ""
+    exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
+
+    def opted_out(self, token: str) -> bool:
+        return bool(token) and (token in self.comment or token in self.extra)
+
+    @property
+    def failed(self) -> bool:
+        """Non-zero exit or a signal (``"0:0"`` is success)."""
+        return self.exit_code not in (None, "", "0:0", "0")
+
+    def row(self, **extra: Any) -> dict[str, Any]:
+        """The ``jobs`` table row (None values never overwrite what is stored)."""
+        return {
+            "job_id": self.job_id,
+            "node": self.node,
+            "user": self.user or None,
+            "uid": self.uid,
+            "account": self.account or None,
+            "partition": self.partition or None,
+            "qos": self.qos or None,
+            "priority": self.priority,
+            "nodes": self.nodes or None,
+            "gpus": list(self.gpus),
+            **extra,
+        }

@@ -33,6 +33,7 @@ from slurmhealth.evidence.sources import (
     tail_file,
 )
 from slurmhealth.evidence.summary import write_summary
+from slurmhealth.model import Job
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -82,14 +83,11 @@ class _Task:
         self.elapsed = time.monotonic() - self.started
 
 
-@dataclass
-class _Job:
+@dataclass(frozen=True, kw_only=True)
+class _Job(Job):
+    """The job, plus what its capture's sources share."""
+
     cfg: Config
-    job_id: str
-    node: str
-    gpus: tuple[int, ...]
-    user: str
-    uid: int | None
     window: tuple[float, float]
     driver: dict[str, str | None] = field(default_factory=dict)
     nvml_done: threading.Event = field(default_factory=threading.Event)
@@ -322,7 +320,8 @@ def capture(
     margin = ev.kernel_margin_s
     window = ((start_ts if start_ts is not None else created - cfg.kernel_log.lookback_s) - margin,
               (end_ts if end_ts is not None else created) + margin)  # fmt: skip
-    job = _Job(node_cfg, job_id, node, tuple(gpus), user, uid, window)
+    job = _Job(job_id=job_id, node=node, gpus=tuple(gpus), user=user, uid=uid, cfg=node_cfg,
+               window=window)  # fmt: skip
     tasks, skipped = _plan(job, stdout_path, stderr_path, pids)
     reserve = min(1.0, 0.1 * budget_s)  # time kept to write the files
     deadline = t0 + max(0.0, budget_s - reserve)

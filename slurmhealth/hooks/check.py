@@ -13,10 +13,14 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.model import Finding, NodeSnapshot, Severity
+
+if TYPE_CHECKING:
+    from slurmhealth.gpu import GpuBackend
+    from slurmhealth.store import Batch, History
 
 log = logging.getLogger("slurmhealth.check")
 
@@ -125,38 +129,61 @@ def run_check(
     job_id: str | None = None,
     job_row: dict[str, Any] | None = None,
 ) -> CheckResult:
-    """Run the checks on ``gpus`` (default all) and record the run, with ``job_row``
-    upserted into ``jobs`` in the same transaction. Raises only for setup errors (bad
-    scenario, NVML that cannot start), never for a broken history."""
-    from slurmhealth.checks import CheckContext, run_checks, validate_settings
+    """:func:`check_node` over the configured GPU backend and this node's history."""
     from slurmhealth.gpu import open_backend
+    from slurmhealth.store import History
+
+    history = History(cfg.db_path(), spool_path=cfg.spool_path() or None)
+    try:
+        backend = open_backend(cfg)
+        try:
+            return check_node(
+                cfg, backend, history, gpus=gpus, phase=phase, job_id=job_id, job_row=job_row
+            )
+        finally:
+            backend.close()
+    finally:
+        history.close()
+
+
+def _read_state(history: History) -> tuple[dict[str, Any], list[str]]:
+    """What the last runs stored (NVLink counters, kernel-log cursor, GPU inventory), and
+    a note when the history cannot be read: the check goes on without it."""
+    try:
+        return {key: history.kv_get(key) for key in (COUNTERS_KEY, CURSOR_KEY, INVENTORY_KEY)}, []
+    except Exception as exc:  # an unreadable history must not stop the check
+        return {}, [f"history unreadable ({type(exc).__name__}: {exc}); rates skipped"]
+
+
+def check_node(
+    cfg: Config,
+    backend: GpuBackend,
+    history: History,
+    *,
+    gpus: Sequence[int] | None = None,
+    phase: str = "check",
+    job_id: str | None = None,
+    job_row: dict[str, Any] | None = None,
+) -> CheckResult:
+    """Run the checks on ``gpus`` (default all) of ``backend`` and record the run in
+    ``history``, with ``job_row`` upserted into ``jobs`` in the same transaction. Raises
+    only for setup errors (bad settings, NVML that cannot start), never for a broken
+    history: then the record is spooled and ``recorded`` is False."""
+    from slurmhealth.checks import CheckContext, run_checks, validate_settings
     from slurmhealth.kernel_log import KernelLogReader
-    from slurmhealth.store import Batch, History
 
     t0 = time.monotonic()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
-    history = History(cfg.db_path(), spool_path=cfg.spool_path() or None)
-    notes: list[str] = []
-    try:
-        previous = history.kv_get(COUNTERS_KEY)
-        cursor = history.kv_get(CURSOR_KEY)
-        inventory = history.kv_get(INVENTORY_KEY)
-    except Exception as exc:  # an unreadable history must not stop the check
-        notes.append(f"history unreadable ({type(exc).__name__}: {exc}); rates skipped")
-        previous, cursor, inventory = None, None, None
-    backend = open_backend(cfg)
-    try:
-        snapshot = backend.snapshot(gpus)
-        source = cfg.kernel_log.source
-        if source == "auto":
-            source = backend.kernel_log_hint or "kmsg"
-    finally:
-        backend.close()
-    snapshot = _with_known_identity(snapshot, inventory)
+    stored, notes = _read_state(history)
+    previous, inventory = stored.get(COUNTERS_KEY), stored.get(INVENTORY_KEY)
+    snapshot = _with_known_identity(backend.snapshot(gpus), inventory)
+    source = cfg.kernel_log.source
+    if source == "auto":
+        source = backend.kernel_log_hint or "kmsg"
     reader = KernelLogReader(
         source, lookback_s=cfg.kernel_log.lookback_s, budget_s=cfg.kernel_log.budget_s
     )
-    log_read = reader.read_new(cursor, time.time())
+    log_read = reader.read_new(stored.get(CURSOR_KEY), time.time())
     if log_read.error:
         notes.append(f"kernel log {source}: {log_read.error}")
     ctx = CheckContext(
@@ -170,7 +197,6 @@ def run_check(
         xids=log_read.events,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
-    duration = time.monotonic() - t0
     result = CheckResult(
         run_id=os.urandom(16).hex(),
         node=snapshot.node,
@@ -178,24 +204,30 @@ def run_check(
         job_id=job_id,
         snapshot=snapshot,
         findings=tuple(findings),
-        duration_s=duration,
+        duration_s=time.monotonic() - t0,
         notes=tuple(notes),
     )
-    batch = Batch(
-        inserts=[("check_runs", _run_row(result, cfg))]
-        + [("findings", _finding_row(result, f)) for f in findings],
-        upserts=[("jobs", job_row, "job_id")] if job_row else [],
-        kv={
-            COUNTERS_KEY: _merge_counters(previous, snapshot),
-            CURSOR_KEY: log_read.cursor,
-            INVENTORY_KEY: _inventory(inventory, snapshot),
-        },
-    )
-    recorded = history.write(batch)
-    history.close()
-    if not recorded:
+    state = {
+        COUNTERS_KEY: _merge_counters(previous, snapshot),
+        CURSOR_KEY: log_read.cursor,
+        INVENTORY_KEY: _inventory(inventory, snapshot),
+    }
+    if not history.write(_batch(cfg, result, job_row, state)):
         return dataclasses.replace(result, recorded=False)
     return result
+
+
+def _batch(
+    cfg: Config, result: CheckResult, job_row: dict[str, Any] | None, state: dict[str, Any]
+) -> Batch:
+    from slurmhealth.store import Batch
+
+    return Batch(
+        inserts=[("check_runs", _run_row(result, cfg))]
+        + [("findings", _finding_row(result, f)) for f in result.findings],
+        upserts=[("jobs", job_row, "job_id")] if job_row else [],
+        kv=state,
+    )
 
 
 def _run_row(result: CheckResult, cfg: Config) -> dict[str, Any]:

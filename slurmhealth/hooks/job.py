@@ -6,54 +6,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from slurmhealth.errors import UsageError
+from slurmhealth.model import Job
 from slurmhealth.slurm import SlurmBackend, SlurmError
 
 log = logging.getLogger("slurmhealth.hooks")
-
-
-@dataclass(frozen=True)
-class Job:
-    job_id: str
-    node: str
-    user: str = ""
-    uid: int | None = None
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    priority: int | None = None
-    nodes: str = ""
-    gpus: tuple[int, ...] = ()
-    comment: str = ""
-    extra: str = ""
-    exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
-
-    def opted_out(self, token: str) -> bool:
-        return bool(token) and (token in self.comment or token in self.extra)
-
-    @property
-    def failed(self) -> bool:
-        """Non-zero exit or a signal (``"0:0"`` is success)."""
-        return self.exit_code not in (None, "", "0:0", "0")
-
-    def row(self, **extra: Any) -> dict[str, Any]:
-        """The ``jobs`` table row (None values never overwrite what is stored)."""
-        return {
-            "job_id": self.job_id,
-            "node": self.node,
-            "user": self.user or None,
-            "uid": self.uid,
-            "account": self.account or None,
-            "partition": self.partition or None,
-            "qos": self.qos or None,
-            "priority": self.priority,
-            "nodes": self.nodes or None,
-            "gpus": list(self.gpus),
-            **extra,
-        }
 
 
 def parse_gpu_list(text: str) -> tuple[int, ...]:

@@ -5,6 +5,10 @@ Exit codes (the entry point turns them into the process status):
   requeues the job elsewhere. Warnings, opt-outs and suppressed drains are 0.
 - epilog: always 0; a non-zero epilog makes Slurm replace our reason with "Epilog error".
 Internal errors propagate to the entry point, which fails open (see prolog/ wrapper).
+
+The decision is :func:`run_hook` over :class:`Adapters` (Slurm backend, GPU backend,
+history); :func:`run_prolog` and :func:`run_epilog` wire the real ones, the unit tests
+recording ones (tests/unit/test_hooks_decisions.py).
 """
 
 from __future__ import annotations
@@ -12,15 +16,20 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.hooks.drain import DrainOutcome, drain_node
-from slurmhealth.hooks.job import Job, complete, job_from_env
-from slurmhealth.model import Finding, NodeSnapshot, Severity
+from slurmhealth.hooks.job import complete, job_from_env
+from slurmhealth.model import Finding, Job, NodeSnapshot, Severity
 from slurmhealth.slurm import SlurmBackend
+
+if TYPE_CHECKING:
+    from slurmhealth.gpu import GpuBackend
+    from slurmhealth.hooks.check import CheckResult
+    from slurmhealth.store import History
 
 log = logging.getLogger("slurmhealth.hooks")
 
@@ -35,31 +44,40 @@ class HookResult:
     run_id: str | None = None
 
 
+@dataclass(frozen=True)
+class Adapters:
+    """The outside world a hook talks to. The entry points pass the real ones
+    (:func:`run_prolog`); tests pass recording ones. The GPU backend is opened only when
+    the checks run (an opted-out job never touches the GPUs) and closed after them."""
+
+    slurm: SlurmBackend
+    open_gpu: Callable[[], GpuBackend]
+    history: History
+
+
 def _drain_candidates(findings: tuple[Finding, ...]) -> list[Finding]:
     return [f for f in findings if f.failing and f.action.takes_node_out]
 
 
 def _record(
-    cfg: Config,
-    node: str,
+    history: History,
     inserts: list[tuple[str, dict[str, Any]]],
     job_row: dict[str, Any] | None = None,
 ) -> None:
-    from slurmhealth.store import Batch, History
+    from slurmhealth.store import Batch
 
-    history = History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None)
     history.write(Batch(inserts=inserts, upserts=[("jobs", job_row, "job_id")] if job_row else []))
-    history.close()
 
 
-def _skip(cfg: Config, job: Job, phase: str, job_row: dict[str, Any]) -> HookResult:
+def _skip(
+    cfg: Config, history: History, job: Job, phase: str, job_row: dict[str, Any]
+) -> HookResult:
     """The job opted out: record that, run nothing."""
     run_id = os.urandom(16).hex()
     now = time.time()
     log.warning("job %s opted out (%r): checks skipped", job.job_id, cfg.policy.optout_token)
     _record(
-        cfg,
-        job.node,
+        history,
         [
             (
                 "check_runs",
@@ -83,66 +101,95 @@ def _skip(cfg: Config, job: Job, phase: str, job_row: dict[str, Any]) -> HookRes
     return HookResult(0, job, "skipped", run_id=run_id)
 
 
-def _run(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
-    from slurmhealth.hooks.check import run_check
-    from slurmhealth.slurm import open_slurm
-
-    slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
-    job = job_from_env(env, cfg.node_name)
+def _job_row(job: Job, phase: str) -> dict[str, Any]:
     if phase == "prolog":
-        job = complete(job, slurm, env)
-        row = job.row(start_ts=time.time(), state="running")
-    else:
-        row = job.row(
-            end_ts=time.time(),
-            exit_code=job.exit_code,
-            state="failed" if job.failed else "completed",
-        )
+        return job.row(start_ts=time.time(), state="running")
+    return job.row(
+        end_ts=time.time(),
+        exit_code=job.exit_code,
+        state="failed" if job.failed else "completed",
+    )
+
+
+def run_hook(
+    cfg: Config, job: Job, env: Mapping[str, str], phase: str, adapters: Adapters
+) -> HookResult:
+    """The prolog (``phase`` "prolog") or epilog decision for ``job`` over ``adapters``:
+    check the job's GPUs, drain when a failing finding calls for it (within the policy and
+    the circuit breaker), record it all in the history."""
+    if phase == "prolog":
+        job = complete(job, adapters.slurm, env)
+    row = _job_row(job, phase)
     if job.opted_out(cfg.policy.optout_token):
         row["state"] = f"{row['state']} (slurmhealth off)"
         # the jobs row on a node without history yet is still recorded by _skip
-        return _skip(cfg, job, phase, row)
+        return _skip(cfg, adapters.history, job, phase, row)
     if phase == "epilog":  # first: its final samples belong before the epilog's check
         _sidecar(cfg, job, phase, 0)
-    result = run_check(cfg, gpus=job.gpus, phase=phase, job_id=job.job_id, job_row=row)
+    result = _check(cfg, adapters, job, phase, row)
     candidates = _drain_candidates(result.findings)
     outcome = None
     if candidates:
-        outcome = drain_node(cfg, slurm, job.node, candidates)
+        outcome = drain_node(cfg, adapters.slurm, job.node, candidates)
         if outcome.state in ("suppressed", "failed"):  # loud: an operator must look
             log.warning("drain %s: %s (%s)", outcome.state, outcome.reason, outcome.detail)
     if outcome and not (phase == "epilog" and outcome.state == "already"):
         # (the epilog after our own failed prolog would only repeat the drain)
-        _record(
-            cfg,
-            job.node,
-            [
-                (
-                    "drains",
-                    {
-                        "ts": time.time(),
-                        "node": job.node,
-                        "job_id": job.job_id,
-                        "run_id": result.run_id,
-                        "state": outcome.state,
-                        "reason": outcome.reason,
-                        "actor": f"slurmhealth {phase}",
-                        "detail": {
-                            "note": outcome.detail,
-                            "findings": [f.to_dict() for f in candidates],
-                        },
-                    },
-                )
-            ],
-        )
+        _record_drain(adapters.history, job, phase, result.run_id, outcome, candidates)
     exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
     if phase == "prolog":
         if exit_code == 0:
             _prolog_bench(cfg, job, result.snapshot)
         _sidecar(cfg, job, phase, exit_code)
     else:
-        _evidence(cfg, job, slurm, result.findings, outcome)
+        _evidence(cfg, job, adapters.slurm, result.findings, outcome)
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
+
+
+def _check(
+    cfg: Config, adapters: Adapters, job: Job, phase: str, row: dict[str, Any]
+) -> CheckResult:
+    from slurmhealth.hooks.check import check_node
+
+    backend = adapters.open_gpu()
+    try:
+        return check_node(
+            cfg, backend, adapters.history, gpus=job.gpus, phase=phase, job_id=job.job_id,
+            job_row=row,
+        )  # fmt: skip
+    finally:
+        backend.close()
+
+
+def _record_drain(
+    history: History,
+    job: Job,
+    phase: str,
+    run_id: str,
+    outcome: DrainOutcome,
+    candidates: list[Finding],
+) -> None:
+    _record(
+        history,
+        [
+            (
+                "drains",
+                {
+                    "ts": time.time(),
+                    "node": job.node,
+                    "job_id": job.job_id,
+                    "run_id": run_id,
+                    "state": outcome.state,
+                    "reason": outcome.reason,
+                    "actor": f"slurmhealth {phase}",
+                    "detail": {
+                        "note": outcome.detail,
+                        "findings": [f.to_dict() for f in candidates],
+                    },
+                },
+            )
+        ],
+    )
 
 
 def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
@@ -150,7 +197,7 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
     and compared with the fleet; a slow result is logged, never a reason to fail the job."""
     if cfg.baseline.prolog_bench_max_age_s <= 0:
         return
-    from slurmhealth.baseline.validate import prolog_bench
+    from slurmhealth.hooks.validate import prolog_bench
 
     try:
         model = next((g.name for g in snapshot.gpus if g.name), None)
@@ -232,12 +279,28 @@ def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
         log.debug("%s", stop_sidecar(cfg, job.node, job.job_id))
 
 
+def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
+    """:func:`run_hook` over the real adapters: the configured Slurm and GPU backends
+    and the node's history."""
+    from slurmhealth.gpu import open_backend
+    from slurmhealth.slurm import open_slurm
+    from slurmhealth.store import History
+
+    job = job_from_env(env, cfg.node_name)
+    slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
+    history = History(cfg.db_path(job.node), spool_path=cfg.spool_path(job.node) or None)
+    try:
+        return run_hook(cfg, job, env, phase, Adapters(slurm, lambda: open_backend(cfg), history))
+    finally:
+        history.close()
+
+
 def run_prolog(cfg: Config, env: Mapping[str, str]) -> HookResult:
     """Before the job: quick checks on its GPUs; drain and requeue on a failing one."""
-    return _run(cfg, env, "prolog")
+    return _wired(cfg, env, "prolog")
 
 
 def run_epilog(cfg: Config, env: Mapping[str, str]) -> HookResult:
     """After the job: record its end, re-check its GPUs (an Xid or ECC error during the job
     shows here) and drain with our own reason; never fail."""
-    return _run(cfg, env, "epilog")
+    return _wired(cfg, env, "epilog")

@@ -7,11 +7,14 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.errors import UsageError
-from slurmhealth.slurm import open_slurm
+from slurmhealth.slurm import NodeInfo, SlurmBackend, open_slurm
+
+if TYPE_CHECKING:
+    from slurmhealth.store import History
 
 
 @dataclass(frozen=True)
@@ -68,11 +71,27 @@ def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
 
 
 def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> ResumeOutcome:
-    """Resume ``node`` if its current reason is slurmhealth's; someone else's needs --force.
-    Every resume (and every refusal) is recorded in the node's history."""
-    from slurmhealth.store import Batch, History
+    """:func:`resume` over the configured Slurm backend and ``node``'s history."""
+    from slurmhealth.store import History
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
+    with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
+        return resume(cfg, slurm, history, node, reason, force=force)
+
+
+def resume(
+    cfg: Config,
+    slurm: SlurmBackend,
+    history: History,
+    node: str,
+    reason: str,
+    *,
+    force: bool = False,
+) -> ResumeOutcome:
+    """Resume ``node`` if its current reason is slurmhealth's; someone else's needs --force.
+    Every resume (and every refusal) is recorded in ``history``."""
+    from slurmhealth.store import Batch
+
     info = next((n for n in slurm.nodes() if n.name == node), None)
     if info is None:
         raise UsageError(f"no node named {node!r} in this cluster")
@@ -83,7 +102,6 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
     forced = force and (not info.ours or unvalidated)
     if not refused:
         slurm.resume(node)
-    history = History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None)
     history.write(
         Batch(
             inserts=[
@@ -106,7 +124,11 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
             ]
         )
     )
-    history.close()
+    return _outcome(info, refused=refused, forced=forced)
+
+
+def _outcome(info: NodeInfo, *, refused: bool, forced: bool) -> ResumeOutcome:
+    node = info.name
     if refused and info.ours:
         return ResumeOutcome(
             1,
@@ -128,10 +150,14 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
 
 
 def node_overview(cfg: Config) -> list[dict[str, Any]]:
+    """:func:`overview` over the configured Slurm backend."""
+    return overview(cfg, open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s))
+
+
+def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
     """Slurm's view of every node next to the last check in that node's history."""
     from slurmhealth.store import History
 
-    slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     rows = []
     for n in sorted(slurm.nodes(), key=lambda n: n.name):
         row: dict[str, Any] = {

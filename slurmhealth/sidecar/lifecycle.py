@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict
 
 from slurmhealth.config import Config
-from slurmhealth.hooks.job import Job
+from slurmhealth.model import Job
 from slurmhealth.sidecar.run import SidecarFiles
 from slurmhealth.sidecar.state import JobLabels
 

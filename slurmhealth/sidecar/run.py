@@ -331,7 +331,7 @@ class Sidecar:
             import pwd
 
             from slurmhealth.evidence import capture
-            from slurmhealth.hooks.jobprocs import job_pids
+            from slurmhealth.procs import job_pids
 
             try:
                 uid = pwd.getpwnam(self.labels.user).pw_uid if self.labels.user else None

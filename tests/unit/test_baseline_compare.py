@@ -220,7 +220,7 @@ def _validate_runs(cfg: Config, node: str) -> list[dict[str, Any]]:
 def test_validate_runs_checks_and_benchmarks_and_records_the_verdict(
     cfg_path: Path, tmp_path: Path, output: str, status: str
 ) -> None:
-    from slurmhealth.baseline.validate import run_validate
+    from slurmhealth.hooks.validate import run_validate
 
     _fleet(_cfg(cfg_path), SIM_MODEL)  # validate compares with the same GPU model only
     _with_commands(cfg_path, {"nccl": _standin(tmp_path, output)})
@@ -236,7 +236,7 @@ def test_validate_runs_checks_and_benchmarks_and_records_the_verdict(
 
 
 def test_validate_missing_command_fails(cfg_path: Path) -> None:
-    from slurmhealth.baseline.validate import run_validate
+    from slurmhealth.hooks.validate import run_validate
 
     _with_commands(cfg_path, {"nccl": "/nonexistent/all_reduce_perf -g 8"})
     result = run_validate(_cfg(cfg_path), parse=_fake_parse)

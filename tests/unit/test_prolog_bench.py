@@ -6,8 +6,8 @@ import time
 from pathlib import Path
 
 from slurmhealth.baseline import store
-from slurmhealth.baseline.validate import prolog_bench
 from slurmhealth.config import load_config
+from slurmhealth.hooks.validate import prolog_bench
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "baseline" / "nvbandwidth_h2d_d2h.txt"
 
