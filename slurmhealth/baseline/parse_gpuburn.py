@@ -173,6 +173,31 @@ def _check_run(scan: _Scan, text: str) -> None:
         )
 
 
+def _gpu(
+    last: _Progress, col: int, gpu: int, total: int, note: str
+) -> tuple[list[Measurement], list[str]]:
+    """GPU ``gpu`` (column ``col``): its measurement, unless it died or did not compute, and
+    what went wrong with it. A dead GPU prints ``-1`` iterations and ``(DIED!)``."""
+    value = last.errors[col][0] if last.errors is not None else None
+    detail: dict[str, Any] = {"iterations": last.iters[col], "errors": total}
+    if note:
+        detail["note"] = note
+    if last.temps is not None and last.temps[col] is not None:
+        detail["temp_c"] = last.temps[col]
+    errors: list[str] = []
+    dead = last.iters[col] < 0 or "DIED" in note.upper()
+    if dead:
+        errors.append(f"GPU {gpu}: died (proc'd {last.iters[col]}, errors {value})")
+    elif total or note:
+        errors.append(f"GPU {gpu}: {total} errors" + (f" ({note})" if note else ""))
+    gflops = last.gflops[col]
+    if dead or gflops is None or gflops <= 0:
+        if not dead and gflops is not None:
+            errors.append(f"GPU {gpu}: {gflops:g} Gflop/s (not computing)")
+        return [], errors
+    return [Measurement("gpuburn.gflops", gflops, "Gflop/s", gpu=gpu, detail=detail)], errors
+
+
 def parse_gpuburn(text: str) -> ParseResult:
     """Measurements ``gpuburn.gflops`` per GPU (Gflop/s, ``gpu`` = device index) from the last
     progress line; only GPUs that were computing (a positive rate, not dead) get one. Detail
@@ -189,24 +214,9 @@ def parse_gpuburn(text: str) -> ParseResult:
     if not readable:
         problems.append("an 'errors:' field did not have one value per GPU; it was skipped")
     for col, gpu in enumerate(ids):
-        detail: dict[str, Any] = {"iterations": last.iters[col], "errors": totals[col]}
-        if notes[col]:
-            detail["note"] = notes[col]
-        if last.temps is not None and last.temps[col] is not None:
-            detail["temp_c"] = last.temps[col]
-        dead = last.iters[col] < 0 or "DIED" in notes[col].upper()
-        if totals[col] or notes[col]:
-            errors.append(
-                f"GPU {gpu}: {totals[col]} errors" + (f" ({notes[col]})" if notes[col] else "")
-            )
-        gflops = last.gflops[col]
-        if dead or gflops is None or gflops <= 0:
-            if not dead and gflops is not None:
-                errors.append(f"GPU {gpu}: {gflops:g} Gflop/s (not computing)")
-            continue
-        measurements.append(
-            Measurement("gpuburn.gflops", gflops, "Gflop/s", gpu=gpu, detail=detail)
-        )
+        measured, said = _gpu(last, col, gpu, totals[col], notes[col])
+        errors += said
+        measurements += measured
     for col, verdict in sorted(scan.verdicts.items()):
         if verdict == "FAULTY" and 0 <= col < n:
             errors.append(f"GPU {ids[col]}: FAULTY")
