@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -46,11 +47,16 @@ def load_json_object(text: str) -> dict[str, Any] | None:
 
 
 def as_float(value: Any) -> float | None:
-    """A JSON number (or numeric string) as float; None for anything else, bools included."""
+    """A finite JSON number (or numeric string) as float; None for anything else, bools,
+    NaN and infinities included."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # a JSON integer beyond float range
+            return None
+        return number if math.isfinite(number) else None
     if isinstance(value, str) and re.fullmatch(r"-?" + NUM, value.strip()):
         return float(value.strip())
     return None

@@ -9,6 +9,7 @@ concatenated in one file are read one after the other.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -177,7 +178,7 @@ def _section_result(sec: _Section, hint: str | None) -> tuple[str, list[Measurem
     name = _name(sec, hint)
     _check(sec)
     out: list[Measurement] = []
-    if sec.avg is not None and sec.avg[0] > 0:
+    if sec.avg is not None and 0 < sec.avg[0] < math.inf:
         out.append(Measurement(f"{name}.busbw_avg", sec.avg[0], "GB/s"))
     elif sec.avg is None and sec.rows:
         values = [h.busbw for r in sec.rows for h in (r.out, r.inp) if h is not None]
