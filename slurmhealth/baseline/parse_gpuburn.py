@@ -129,7 +129,7 @@ def _error_totals(progress: list[_Progress], n: int) -> tuple[list[int], list[st
     total, last, notes = [0] * n, [0] * n, [""] * n
     readable = True
     for p in progress:
-        if p.errors is None:
+        if p.errors is None or len(p.errors) != n:
             readable = False
             continue
         for gpu, (value, note) in enumerate(p.errors):
@@ -212,7 +212,7 @@ def parse_gpuburn(text: str) -> ParseResult:
     problems: list[str] = []
     measurements: list[Measurement] = []
     if not readable:
-        problems.append("an 'errors:' field did not have one value per GPU; it was skipped")
+        problems.append(f"a progress line did not have {n} readable GPU columns; it was skipped")
     for col, gpu in enumerate(ids):
         measured, said = _gpu(last, col, gpu, totals[col], notes[col])
         errors += said

@@ -299,6 +299,7 @@ def _safe_parse(kind: str, text: str) -> None:
         assert "\n" not in str(exc)
         return
     assert isinstance(result, ParseResult) and result.kind == kind
+    assert result.measurements  # a result that measured nothing is a BenchmarkFailed
 
 
 @settings(max_examples=150, deadline=None)

@@ -79,6 +79,14 @@ def test_zero_gflops_is_not_a_measurement() -> None:
         parse("gpuburn", HEAD + all_zero + verdicts([False, False]))
 
 
+def test_a_progress_line_of_another_width_is_skipped_not_misread() -> None:
+    wide = progress_line(10.0, [1, 2, 3], [5, 5, 6], [0, 4, 0], [40, 41, 42])
+    last = progress_line(100.0, [90, 91], [5000, 5001], [0, 0], [40, 41])
+    r = parse("gpuburn", HEAD + wide + last + verdicts([False, False]))
+    assert r.passed and _gflops(r) == {0: 5000.0, 1: 5001.0}
+    assert r.problems == ("a progress line did not have 2 readable GPU columns; it was skipped",)
+
+
 OK_LINE = progress_line(50.0, [10, 10], [9000, 9000], [0, 0], [50, 50])
 FAILED_RUNS = {
     "truncated": (HEAD + OK_LINE + "\n", r"run cut short: no final 'Tested N GPUs' verdicts"),
@@ -200,3 +208,50 @@ def test_arbitrary_gpuburn_like_text_raises_only_parse_errors(text: str) -> None
         assert "\n" not in str(exc)
         return
     assert r.measurements and all(m.value > 0 for m in r.measurements)
+
+
+_PIECE = st.one_of(
+    st.builds(
+        lambda gpus, sep: progress_line(50.0, *(list(c) for c in zip(*gpus, strict=True)), sep=sep),
+        st.lists(_GPU, min_size=1, max_size=6),
+        st.sampled_from(["- ", "/ "]),
+    ),
+    st.builds(verdicts, st.lists(st.booleans(), max_size=6)),
+    st.integers(0, 6).map(lambda n: f"Tested {n} GPUs:\n"),
+    st.tuples(st.integers(0, 6), st.sampled_from(["OK", "FAULTY"])).map(
+        lambda t: f"\tGPU {t[0]}: {t[1]}\n"
+    ),
+    st.integers(0, 6).map(lambda n: f"Initialized device {n} with 1 MB of memory\n"),
+    st.sampled_from(["Couldn't init a GPU test: x\n", "cuInit returned 0 (ok)\n", "\n"]),
+    _NOISE,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(_PIECE, max_size=8))
+def test_shuffled_gpuburn_pieces_raise_only_parse_errors(pieces: list[str]) -> None:
+    try:
+        r = parse("gpuburn", HEAD + "".join(pieces))
+    except BaselineParseError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert r.measurements and all(m.value > 0 for m in r.measurements)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(st.lists(_GPU, min_size=1, max_size=5), min_size=1, max_size=4),
+    tested=st.integers(1, 5),
+)
+def test_progress_lines_of_any_width_raise_only_parse_errors(
+    lines: list[list[tuple[int, int, int, int]]], tested: int
+) -> None:
+    text = HEAD
+    for gpus in lines:
+        text += progress_line(10.0, *(list(c) for c in zip(*gpus, strict=True)))
+    try:
+        r = parse("gpuburn", text + verdicts([False] * tested))
+    except BaselineParseError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert len(lines[-1]) == tested and r.measurements

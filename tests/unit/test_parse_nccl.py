@@ -210,3 +210,30 @@ def test_arbitrary_nccl_like_text_raises_only_parse_errors(text: str, test: str 
         assert "\n" not in str(exc)
         return
     assert r.measurements and all(m.value > 0 for m in r.measurements)
+
+
+_TOKEN = st.sampled_from(
+    ["8", "1024", "-1", "0", "float", "sum", "none", "N/A", "12.5", "0.00", "1e+06", "2e-07",
+     "2026-11-30", "09:30:00", "#", "x"]
+)  # fmt: skip
+_LINE = st.one_of(
+    st.lists(_TOKEN, min_size=3, max_size=20).map(lambda t: "  ".join(["1024", "256", *t])),
+    st.sampled_from(
+        ["# Collective test starting: all_reduce_perf", "# nThread 1 nGpus 8 iters: 20",
+         "#  Rank  0 Group  0 Pid 1 on h device  0 [0000:18:00] NVIDIA H100 80GB HBM3",
+         "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 12.5 FAILED",
+         "# Avg bus bandwidth    : inf", "#  size count type redop root i_min",
+         "./build/alltoall_perf -g 8", "Test NCCL failure common.cu:1 'x'", ""]
+    ),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(_LINE, max_size=12))
+def test_shuffled_nccl_pieces_raise_only_parse_errors(lines: list[str]) -> None:
+    try:
+        r = parse("nccl", "\n".join(lines))
+    except BaselineParseError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert r.measurements and all(0 < m.value < float("inf") for m in r.measurements)
