@@ -3,7 +3,9 @@ signed values kept, and runs that measured nothing refused (exit 1, nothing stor
 
 from __future__ import annotations
 
+import json
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,6 +159,34 @@ def test_ingest_stores_the_gpu_model_named_in_the_output(
         rows = conn.execute("SELECT gpu, gpu_model, value FROM baselines ORDER BY gpu").fetchall()
     assert [r[0] for r in rows] == [g for g in range(16) if g != 6]
     assert {r[1] for r in rows} == {"Tesla V100-SXM3-32GB"} and all(r[2] > 0 for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("output", "reason"),
+    [
+        (FAILED_RUNS["truncated"][0], "run cut short"),
+        ("", "not gpu-burn output"),
+        (HEAD + progress_line(100.0, [0], [0], [0], [50]) + verdicts([False]), "no GPU measured"),
+    ],
+)
+def test_validate_fails_when_the_benchmark_measured_nothing(
+    output: str, reason: str, sim_env: Callable[..., dict[str, str]], tmp_path: Path
+) -> None:
+    env = sim_env()
+    (tmp_path / "burn.txt").write_text(output)
+    script = tmp_path / "burn.py"
+    script.write_text(
+        f"import sys\nsys.stdout.write(open({str(tmp_path / 'burn.txt')!r}).read())\n"
+    )
+    command = json.dumps(f"{sys.executable} {script}")
+    Path(env["SLURMHEALTH_CONFIG"]).write_text(
+        f"[baseline]\nvalidate_commands = {{ gpuburn = {command} }}\n"
+    )
+    proc = run_cli("validate", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["status"] == "fail" and reason in " ".join(data["reasons"])
+    assert data["benchmarks"][0]["stored"] == 0
 
 
 _GPU = st.tuples(
