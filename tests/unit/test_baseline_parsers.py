@@ -190,6 +190,7 @@ def test_nvbandwidth() -> None:
     per_gpu = [m for m in r.measurements if m.metric.endswith("read_ce") and m.gpu is not None]
     assert per_gpu == []
     assert r.meta["gpus"] == 8 and r.meta["device_model"] == "NVIDIA H100 80GB HBM3"
+    assert r.gpu_model == "NVIDIA H100 80GB HBM3"
 
 
 def test_nvbandwidth_missing_sum_is_computed() -> None:
