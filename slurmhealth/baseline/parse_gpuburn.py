@@ -221,11 +221,11 @@ def parse_gpuburn(text: str) -> ParseResult:
         if verdict == "FAULTY" and 0 <= col < n:
             errors.append(f"GPU {ids[col]}: FAULTY")
     errors += [f"tool: {e}" for e in scan.tool_errors]
+    if all(g is None for g in last.gflops):
+        raise BenchmarkFailed("gpuburn: no Gflop/s in the progress lines (gpu-burn before 0.7)")
     if not measurements:
-        raise BenchmarkFailed(
-            "gpuburn: no GPU measured a positive Gflop/s rate"
-            + (f" ({'; '.join(errors)})" if errors else "")
-        )
+        why = f" ({'; '.join(errors)[:300]})" if errors else ""
+        raise BenchmarkFailed(f"gpuburn: no GPU measured a positive Gflop/s rate{why}")
     models = sorted(set(scan.models.values()))
     meta: dict[str, Any] = {
         "percent": last.percent,

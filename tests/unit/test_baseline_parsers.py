@@ -81,10 +81,10 @@ def test_nccl_truncated_keeps_what_it_read() -> None:
     assert r.passed and r.errors == ()
     assert len(r.problems) == 3
     assert r.problems[0].startswith("line 34: unreadable table row")
-    assert any("busbw_avg computed from 17 rows" in p for p in r.problems)
     assert "no '# Out of bounds values' line (output may be truncated)" in r.problems
-    avg = _by(r, "all_reduce_perf.busbw_avg")
-    assert avg.value == 4.612 and avg.detail["computed"] is True
+    # an average of the first 17 sizes would read as a 97% slower node: not recorded
+    assert any("cut short after 17 rows" in p for p in r.problems)
+    assert not [m for m in r.measurements if m.metric.endswith("busbw_avg")]
     assert _by(r, "all_reduce_perf.busbw@524288").value == 38.38
     assert r.meta["max_bytes"] == 524288
 

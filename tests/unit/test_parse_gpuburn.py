@@ -61,6 +61,12 @@ def test_pre_0_8_slash_separators() -> None:
     assert r.errors == ("GPU 1: 7 errors (WARNING!)", "GPU 1: FAULTY")
 
 
+def test_pre_0_7_output_has_no_rates_to_store() -> None:
+    old = "\r100.0%  proc'd: 8123 / 8120   errors: 0 / 0   temps: 61 C / 60 C "
+    with pytest.raises(BenchmarkFailed, match="no Gflop/s in the progress lines"):
+        parse("gpuburn", HEAD + old + verdicts([False, False]))
+
+
 def test_single_gpu_run_with_i_names_the_device() -> None:
     text = (
         "Initialized device 5 with 81008 MB of memory (80307 MB available, using 72276 MB of"
