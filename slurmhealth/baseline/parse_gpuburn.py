@@ -27,6 +27,7 @@ _INT = r"(?<![\w.])(-?\d{1,20})"
 _PROC_ITEM = re.compile(_INT + r"(?:\s*\(\s*(" + NUM + r")\s*Gflop/s\))?")
 _ERR_ITEM = re.compile(_INT + r"(?:\s*\(([^()]{0,40})\))?")
 _TEMP_ITEM = re.compile(r"(?<!\S)(?:(-?\d{1,4})\s*C(?!\w)|--(?!\S))")
+_SUMMARY = re.compile(r"^\s*Summary at:")
 _TESTED = re.compile(r"^\s*Tested\s+(\d{1,6})\s+GPUs?:")
 _VERDICT = re.compile(r"^\s*GPU\s+(\d{1,6}):\s*(OK|FAULTY)\s*$")
 _DEVICE = re.compile(r"^\s*GPU\s+(\d{1,6}):\s*(.+?)\s*\(UUID:")
@@ -42,12 +43,15 @@ _MARKER = re.compile(
     r"|Tested\s+\d+\s+GPUs)",
     re.IGNORECASE,
 )
-_ERROR_LINE = re.compile(r"(Failure during compute|Error\b.*\(|CUDA error|CUBLAS)", re.IGNORECASE)
+_ERROR_LINE = re.compile(
+    r"(Failure during compute|Error\b.*\(|CUDA error|CUBLAS_STATUS_)", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True)
 class _Progress:
     lineno: int
+    period: int  # 'Summary at:' lines before it: gpu-burn zeroes the error counters there
     percent: float | None
     iters: tuple[int, ...]
     gflops: tuple[float | None, ...]
@@ -65,7 +69,7 @@ def _fields(body: str) -> tuple[str, str | None, str | None]:
     return proc, errs, temps if _ else None
 
 
-def _progress(lineno: int, m: re.Match[str]) -> _Progress | None:
+def _progress(lineno: int, period: int, m: re.Match[str]) -> _Progress | None:
     proc, errs, temps = _fields(m.group(2))
     cols = _PROC_ITEM.findall(proc)
     if not cols:
@@ -75,6 +79,7 @@ def _progress(lineno: int, m: re.Match[str]) -> _Progress | None:
     temp_items = _TEMP_ITEM.findall(temps) if temps is not None else []
     return _Progress(
         lineno=lineno,
+        period=period,
         percent=float(m.group(1)) if m.group(1) else None,
         iters=tuple(int(i) for i, _g in cols),
         gflops=tuple(float(g) if g else None for _i, g in cols),
@@ -104,11 +109,14 @@ def _is_fatal(line: str) -> bool:
 
 def _scan(text: str) -> _Scan:
     scan = _Scan([], {}, None, {}, [], [], [])
+    period = 0
     for lineno, line in enumerate(text.splitlines(), 1):
-        if (m := _PROGRESS.search(line)) and (p := _progress(lineno, m)):
+        if (m := _PROGRESS.search(line)) and (p := _progress(lineno, period, m)):
             scan.progress.append(p)
             continue
-        if m := _TESTED.match(line):
+        if _SUMMARY.match(line):
+            period += 1
+        elif m := _TESTED.match(line):
             scan.tested = int(m.group(1))
         elif m := _VERDICT.match(line):
             scan.verdicts[int(m.group(1))] = m.group(2)
@@ -124,20 +132,20 @@ def _scan(text: str) -> _Scan:
 
 
 def _error_totals(progress: list[_Progress], n: int) -> tuple[list[int], list[str], bool]:
-    """Errors per GPU over the whole run (the counters restart after each summary),
-    the notes seen per GPU, and whether every line's errors field was readable."""
-    total, last, notes = [0] * n, [0] * n, [""] * n
+    """Errors per GPU over the whole run: the sum over summary periods of each period's last
+    count, signed as printed (a wrapped-around count is negative, and still errors); the
+    note each GPU last had; whether every progress line's errors field was readable."""
+    final: dict[int, tuple[tuple[int, str], ...]] = {}
+    notes = [""] * n
     readable = True
     for p in progress:
         if p.errors is None or len(p.errors) != n:
             readable = False
             continue
-        for gpu, (value, note) in enumerate(p.errors):
-            if value < last[gpu]:
-                total[gpu] += max(last[gpu], 0)
-            last[gpu] = value
-            notes[gpu] = note or notes[gpu]
-    return [t + max(v, 0) for t, v in zip(total, last, strict=True)], notes, readable
+        final[p.period] = p.errors
+        notes = [note or old for (_v, note), old in zip(p.errors, notes, strict=True)]
+    totals = [sum(errs[gpu][0] for errs in final.values()) for gpu in range(n)]
+    return totals, notes, readable
 
 
 def _gpu_ids(scan: _Scan, n: int) -> list[int]:
@@ -149,7 +157,7 @@ def _gpu_ids(scan: _Scan, n: int) -> list[int]:
 
 def _check_run(scan: _Scan, text: str) -> None:
     if scan.fatal:
-        raise BenchmarkFailed(f"gpuburn: run failed to start a GPU: {scan.fatal[0]}")
+        raise BenchmarkFailed(f"gpuburn: run failed: {scan.fatal[0]}")
     if not scan.progress and not scan.tested and not _MARKER.search(text):
         raise fail("gpuburn", "not gpu-burn output: no progress line ('proc'd: ... Gflop/s')")
     if not scan.progress:
