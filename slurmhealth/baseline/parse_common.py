@@ -12,6 +12,10 @@ from slurmhealth.baseline.model import BaselineParseError
 # Numbers as the tools print them; bounded so int()/float() never see absurd inputs.
 NUM = r"\d{1,20}(?:\.\d{1,20})?(?:[eE][+-]?\d{1,3})?"
 
+# What a launcher writes before each line of a tool's output: Open MPI ``--tag-output``
+# (``[1,0]<stdout>:``) and ``srun --label`` (``0: ``); strip it before reading the line.
+LAUNCHER_PREFIX = re.compile(r"^(?:\[\d{1,9},\d{1,9}\]<std(?:out|err)>:|\s{0,8}\d{1,9}: )")
+
 
 def fail(kind: str, message: str) -> BaselineParseError:
     """One-line parse error naming the kind and what was missing."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmhealth.baseline.model import BenchmarkFailed, Measurement, ParseResult
-from slurmhealth.baseline.parse_common import NUM, fail
+from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, fail
 
 _PROGRESS = re.compile(r"(?:(" + NUM + r")%\s+)?proc'd:(.*)$")
 _INT = r"(?<![\w.])(-?\d{1,20})"
@@ -110,7 +110,8 @@ def _is_fatal(line: str) -> bool:
 def _scan(text: str) -> _Scan:
     scan = _Scan([], {}, None, {}, [], [], [])
     period = 0
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = LAUNCHER_PREFIX.sub("", raw, count=1)
         if (m := _PROGRESS.search(line)) and (p := _progress(lineno, period, m)):
             scan.progress.append(p)
             continue

@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmhealth.baseline.model import BenchmarkFailed, Measurement, ParseResult
-from slurmhealth.baseline.parse_common import NUM, fail
+from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, fail
 from slurmhealth.baseline.parse_nccl_table import Row, is_row, parse_row
 
 _COLLECTIVE = re.compile(r"#\s*Collective test (?:starting|concluded):\s*(?:\S*[/\\])?(\w{1,60})")
 _TEST_NAME = re.compile(r"(?:^|[\s/\\])(\w{1,60}_perf)(?:_mpi)?(?:\.exe)?(?=\s|$)")
 _RANK = re.compile(
-    r"#\s*Rank\s+(\d{1,9})\s+(?:Group\s+\d{1,9}\s+)?Pid\s+(\d{1,12})\s+on\s+(\S+)\s+device\s+"
+    r"#\s*Rank\s+(\d{1,9})\s+(?:Group\s+\d{1,9}\s+)?(?:Pid\s+(\d{1,12})\s+)?on\s+(\S+)\s+device\s+"
     r"(\d{1,9})\s+\[[^\]]*\]\s+(.*?)\s*$"
 )
-_HEADER = re.compile(r"#\s*nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})")
+_HEADER = re.compile(r"(?:^|#)\s*nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})")
 _ITERS = re.compile(r"(?<!warmup )iters:?\s+(\d{1,9})")
 _VALIDATION = re.compile(r"validation:\s*(\d{1,9})")
 _OOB = re.compile(r"#?\s*Out of bounds values\s*:\s*(\d{1,20})\s+(\w+)")
@@ -101,7 +101,8 @@ def _read_line(sec: _Section, lineno: int, line: str) -> None:
 
 def _sections(text: str) -> list[_Section]:
     sections = [_Section()]
-    for lineno, line in enumerate(text.splitlines(), 1):
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = LAUNCHER_PREFIX.sub("", raw, count=1)
         if _new_section(sections, line):
             sections.append(_Section())
         _read_line(sections[-1], lineno, line)

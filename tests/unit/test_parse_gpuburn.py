@@ -56,6 +56,14 @@ def test_negative_values_keep_their_sign() -> None:
     assert _gflops(r) == {0: 9000.0, 2: 9100.0}
 
 
+def test_srun_label_prefix() -> None:
+    text = HEAD + progress_line(100.0, [10, 11], [5000, 5100], [0, 2], [40, 41])
+    text += verdicts([False, True])
+    labelled = "".join(f"0: {line}\n" for line in text.splitlines())
+    r = parse("gpuburn", labelled)
+    assert _gflops(r) == {0: 5000.0, 1: 5100.0} and r.meta["verdicts"] == {0: "OK", 1: "FAULTY"}
+
+
 def test_pre_0_8_slash_separators() -> None:
     line = progress_line(100.0, [10, 11], [5000, 5100], [0, 7], [40, 41], sep="/ ")
     r = parse("gpuburn", HEAD + line + verdicts([False, True]))

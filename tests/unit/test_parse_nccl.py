@@ -146,6 +146,23 @@ def test_pre_2_13_layouts_without_redop_or_root() -> None:
     assert r.meta["test"] == "broadcast_perf"
 
 
+def test_launcher_prefixes_and_the_oldest_header() -> None:
+    tagged = "".join(f"[1,0]<stdout>:{line}\n" for line in all_gather().splitlines())
+    r = parse("nccl", tagged)
+    assert r.meta["test"] == "all_gather_perf" and len(r.meta["sizes"]) == len(SIZES)
+    labelled = "".join(f"0: {line}\n" for line in all_gather().splitlines())
+    assert parse("nccl", labelled).measurements == r.measurements
+    oldest = (  # 2017-2018: no '#' before nThread, rank lines without Group or Pid
+        "nThread 1 nGpus 8 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20\n"
+        "#   Rank  0 on   node-7 device  0 [0x06] Tesla P100-SXM2-16GB\n"
+        "        1024           256   float     sum    14.10    0.07    0.13  0e+00    13.90"
+        "    0.07    0.13  0e+00\n Out of bounds values : 0 OK\n Avg bus bandwidth    : 0.13 \n"
+    )
+    r = parse("nccl", oldest, test="all_reduce_perf")
+    assert r.gpu_model == "Tesla P100-SXM2-16GB" and r.meta["nthread"] == 1 and r.passed
+    assert _metric(r, "all_reduce_perf.busbw@1024") == 0.13
+
+
 def test_per_iteration_and_timestamp_columns() -> None:
     base = row(8388608, 2097152, "float", "sum", -1, [(95.0, 88.3, 154.5, 0)] * 2)
     out, inp = base.split("      0", 1)
