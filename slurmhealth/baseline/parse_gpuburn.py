@@ -23,11 +23,12 @@ from slurmhealth.baseline.model import BenchmarkFailed, Measurement, ParseResult
 from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, fail
 
 _PROGRESS = re.compile(r"(?:(" + NUM + r")%\s+)?proc'd:(.*)$")
+_FIELDS = re.compile(r"(.*?)(?:errors:(.*?))?(?:temps:(.*))?$", re.DOTALL)
 _INT = r"(?<![\w.])(-?\d{1,20})"
 _PROC_ITEM = re.compile(_INT + r"(?:\s*\(\s*(" + NUM + r")\s*Gflop/s\))?")
 _ERR_ITEM = re.compile(_INT + r"(?:\s*\(([^()]{0,40})\))?")
 _TEMP_ITEM = re.compile(r"(?<!\S)(?:(-?\d{1,4})\s*C(?!\w)|--(?!\S))")
-_SUMMARY = re.compile(r"^\s*Summary at:")
+_SUMMARY = re.compile(r"Summary at:")
 _TESTED = re.compile(r"^\s*Tested\s+(\d{1,6})\s+GPUs?:")
 _VERDICT = re.compile(r"^\s*GPU\s+(\d{1,6}):\s*(OK|FAULTY)\s*$")
 _DEVICE = re.compile(r"^\s*GPU\s+(\d{1,6}):\s*(.+?)\s*\(UUID:")
@@ -60,13 +61,9 @@ class _Progress:
 
 
 def _fields(body: str) -> tuple[str, str | None, str | None]:
-    """proc'd, errors and temps fields of a progress line's body."""
-    proc, _, rest = body.partition("errors:")
-    if not _:
-        proc, _, temps = body.partition("temps:")
-        return proc, None, temps if _ else None
-    errs, _, temps = rest.partition("temps:")
-    return proc, errs, temps if _ else None
+    """proc'd, errors and temps fields of a progress line's body (None: field absent)."""
+    m = _FIELDS.match(body)
+    return (m.group(1), m.group(2), m.group(3)) if m else (body, None, None)
 
 
 def _progress(lineno: int, period: int, m: re.Match[str]) -> _Progress | None:
@@ -115,7 +112,7 @@ def _scan(text: str) -> _Scan:
         if (m := _PROGRESS.search(line)) and (p := _progress(lineno, period, m)):
             scan.progress.append(p)
             continue
-        if _SUMMARY.match(line):
+        if _SUMMARY.search(line):
             period += 1
         elif m := _TESTED.match(line):
             scan.tested = int(m.group(1))

@@ -204,6 +204,15 @@ def test_avg_below_nccl_tests_min_bw_is_an_error() -> None:
     assert r.errors == ("avg bus bandwidth 61.2345 GB/s below NCCL_TESTS_MIN_BW",)
 
 
+def test_nccls_last_error_string_is_a_reason_not_a_verdict() -> None:
+    stale = "# error: NET/IB : Got async event : port error\n"
+    r = parse("nccl", all_gather() + stale)
+    assert r.passed and "nccl reported: NET/IB : Got async event : port error" in r.problems
+    died = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3") + "#\n" + stale
+    with pytest.raises(BenchmarkFailed, match="nccl reported: NET/IB"):
+        parse("nccl", died)
+
+
 def test_a_run_that_died_before_its_table_is_a_failed_run() -> None:
     text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
     text += "dgx-00: Test NCCL failure common.cu:1040 'unhandled system error'\n"
