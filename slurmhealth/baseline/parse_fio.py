@@ -54,12 +54,14 @@ def _option(job: dict[str, Any], doc: dict[str, Any], *names: str) -> str | None
 
 def _bs(text: str | None, direction: str) -> str:
     """The block size of ``direction`` as ``4k`` / ``1m`` / ``512``: fio's ``bs=`` may give
-    read,write,trim sizes separated by commas; k/m/g are 1024-based; the default is 4k."""
+    read,write,trim sizes separated by commas, the last one applying to the directions after
+    it (``bs=8k,32k``: trims 32k); k/m/g are 1024-based; the default is 4k."""
     if text is None:
         return "4k"
     parts = [p.strip() for p in text.split(",")]
-    index = min(_DIRECTIONS.index(direction), len(parts) - 1)
-    part = parts[index] or parts[0]
+    part = parts[min(_DIRECTIONS.index(direction), len(parts) - 1)]
+    if not part:  # "bs=,8k": the default for reads
+        return "4k"
     m = _SIZE.fullmatch(part)
     if not m:
         return slug(part)

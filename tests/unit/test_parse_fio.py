@@ -107,6 +107,19 @@ def test_mixed_job_with_per_direction_block_sizes() -> None:
     assert v["fio.randrw_4k.read_iops"] == 10000 and v["fio.randrw_64k.write_iops"] == 1000
 
 
+@pytest.mark.parametrize(
+    ("bs", "read", "write"),
+    [("256k", "256k", "256k"), ("8k,32k", "8k", "32k"), (",8k", "4k", "8k"), ("4096", "4k", "4k"),
+     ("1M", "1m", "1m"), ("2KiB,1g", "2k", "1g"), ("512", "512", "512")],
+)  # fmt: skip
+def test_block_size_of_each_direction(bs: str, read: str, write: str) -> None:
+    both = job(
+        "j", {"rw": "randrw", "bs": bs}, read=_dir(1000, 10, 5, 9), write=_dir(1000, 10, 5, 9)
+    )
+    keys = {m.metric.split(".")[1] for m in parse("fio", doc(both)).measurements}
+    assert keys == {f"randrw_{read}", f"randrw_{write}"}
+
+
 def test_global_options_json_plus_and_normal_text_before_the_json() -> None:
     text = "seq: (g=0): rw=read, bs=(R) 128KiB-128KiB\nfio-3.36\nStarting 1 process\n"
     text += doc(job("seq", {}, read=_dir(7000000, 54687, 2000000, 4000000, plus=True)),
