@@ -51,7 +51,8 @@ def ingest_cmd(
     cfg = _config()
     node = node or cfg.node_name
     result = parse(kind, text)
-    n = store.ingest(cfg, kind, result, node=node, gpu_model=gpu_model, label=label, source=file)
+    model = gpu_model or result.gpu_model
+    n = store.ingest(cfg, kind, result, node=node, gpu_model=model, label=label, source=file)
     click.echo(f"stored {n} {kind} measurement(s) for {node} from {file}")
     for m in result.measurements:
         gpu = "" if m.gpu is None else f" [gpu{m.gpu}]"

@@ -8,6 +8,7 @@ values (all GPUs of all nodes for per-GPU metrics), per GPU model, unless pinned
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
@@ -16,6 +17,19 @@ from typing import Any
 from slurmhealth.baseline.store import higher_is_better
 
 RefKey = tuple[str, str, str | None]  # (kind, metric, gpu_model)
+
+# Below this message size an nccl-tests bandwidth is latency, not bandwidth (nccl-tests
+# doc/PERFORMANCE.md: time matters at small sizes, bandwidth at large ones; nccl-tests' own
+# default size is 32 MiB): such ``...@<bytes>`` values are stored and shown, never judged.
+JUDGED_MIN_BYTES = 32 << 20
+_SIZE = re.compile(r"@(\d{1,20})(?:\.|$)")
+
+
+def judged(metric: str) -> bool:
+    """False for a per-size metric (``all_reduce_perf.busbw@8192``) below
+    :data:`JUDGED_MIN_BYTES`; True for every other metric."""
+    m = _SIZE.search(metric)
+    return m is None or int(m.group(1)) >= JUDGED_MIN_BYTES
 
 
 @dataclass(frozen=True)
@@ -141,11 +155,12 @@ def compare(
     fail_pct: float = 20.0,
 ) -> list[Deviation]:
     """``node``'s latest value of each metric against its reference (metrics without a
-    reference are left out). Worse by ``warn_pct`` percent: warn; by ``fail_pct``: fail."""
+    reference, and small nccl-tests sizes, see :func:`judged`, are left out). Worse by
+    ``warn_pct`` percent: warn; by ``fail_pct``: fail."""
     out: list[Deviation] = []
     for (n, kind, metric, gpu), r in sorted(latest(rows).items(), key=lambda kv: str(kv[0])):
         ref = refs.get((kind, metric, r.get("gpu_model")))
-        if n != node or ref is None:
+        if n != node or ref is None or not judged(metric):
             continue
         value = float(r["value"])
         dev = (value - ref.value) / ref.value * 100 if ref.value else 0.0
@@ -178,7 +193,7 @@ def outliers(rows: Iterable[Mapping[str, Any]], fraction: float = 0.8) -> list[O
     out: list[Outlier] = []
     for (kind, metric, _model), group in groups.items():
         median = statistics.median(float(r["value"]) for r in group)
-        if median <= 0:
+        if median <= 0 or not judged(metric):
             continue
         better_high = higher_is_better(metric)
         for r in group:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -10,6 +11,10 @@ from slurmhealth.baseline.model import BaselineParseError
 
 # Numbers as the tools print them; bounded so int()/float() never see absurd inputs.
 NUM = r"\d{1,20}(?:\.\d{1,20})?(?:[eE][+-]?\d{1,3})?"
+
+# What a launcher writes before each line of a tool's output: Open MPI ``--tag-output``
+# (``[1,0]<stdout>:``) and ``srun --label`` (``0: ``); strip it before reading the line.
+LAUNCHER_PREFIX = re.compile(r"^(?:\[\d{1,9},\d{1,9}\]<std(?:out|err)>:|\s{0,8}\d{1,9}: )")
 
 
 def fail(kind: str, message: str) -> BaselineParseError:
@@ -46,11 +51,16 @@ def load_json_object(text: str) -> dict[str, Any] | None:
 
 
 def as_float(value: Any) -> float | None:
-    """A JSON number (or numeric string) as float; None for anything else, bools included."""
+    """A finite JSON number (or numeric string) as float; None for anything else, bools,
+    NaN and infinities included."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            number = float(value)
+        except OverflowError:  # a JSON integer beyond float range
+            return None
+        return number if math.isfinite(number) else None
     if isinstance(value, str) and re.fullmatch(r"-?" + NUM, value.strip()):
         return float(value.strip())
     return None

@@ -92,9 +92,9 @@ def parse_nvbandwidth(text: str) -> ParseResult:
     if not measurements and not errors:
         raise fail("nvbandwidth", "no bandwidth matrix or SUM value in any testcase")
     meta: dict[str, Any] = {"testcases": [b.name for b in blocks]}
+    models = sorted(set(devices.values()))
     if devices:
         meta["gpus"] = len(devices)
-        models = sorted(set(devices.values()))
         meta["device_model"] = models[0] if len(models) == 1 else models
     return ParseResult(
         kind="nvbandwidth",
@@ -103,4 +103,5 @@ def parse_nvbandwidth(text: str) -> ParseResult:
         errors=tuple(errors),
         problems=tuple(problems),
         meta=meta,
+        gpu_model=models[0] if len(models) == 1 else None,
     )

@@ -1,11 +1,14 @@
 """Read benchmark output (nccl-tests, gpu-burn, fio JSON, nvbandwidth, dcgmi diag) into
 :class:`ParseResult`. Each parser is strict: a file with nothing usable raises
 :class:`BaselineParseError` with one line naming what was missing; a partly readable file
-returns what was read plus ``problems``. No parser raises anything else on any text."""
+returns what was read plus ``problems``; output of a run that measured nothing (it never
+started, was cut short before its verdict, every value was zero) raises
+:class:`BenchmarkFailed` (exit 1, nothing stored). No parser raises anything else on any
+text, and :func:`parse` never returns a result without measurements."""
 
 from __future__ import annotations
 
-from slurmhealth.baseline.model import KINDS, BaselineParseError, ParseResult
+from slurmhealth.baseline.model import KINDS, BaselineParseError, BenchmarkFailed, ParseResult
 from slurmhealth.baseline.parse_dcgm import parse_dcgm
 from slurmhealth.baseline.parse_fio import parse_fio
 from slurmhealth.baseline.parse_gpuburn import parse_gpuburn
@@ -13,6 +16,8 @@ from slurmhealth.baseline.parse_nccl import parse_nccl
 from slurmhealth.baseline.parse_nvbandwidth import parse_nvbandwidth
 
 __all__ = [
+    "BaselineParseError",
+    "BenchmarkFailed",
     "parse",
     "parse_dcgm",
     "parse_fio",
@@ -25,7 +30,17 @@ __all__ = [
 def parse(kind: str, text: str, *, test: str | None = None) -> ParseResult:
     """Parse ``text`` as the output of benchmark ``kind`` (one of :data:`KINDS`).
 
-    ``test`` names the nccl-tests binary (``all_reduce_perf``) when the output does not."""
+    ``test`` names the nccl-tests binary (``all_reduce_perf``) when the output does not.
+    Raises :class:`BenchmarkFailed` when the run measured nothing, so a configured benchmark
+    that measured nothing can never pass ``validate`` or be stored as a baseline."""
+    result = _dispatch(kind, text, test)
+    if not result.measurements:
+        why = "; ".join(result.errors or result.problems) or "no values in the output"
+        raise BenchmarkFailed(f"{kind}: measured nothing ({why[:300]})")
+    return result
+
+
+def _dispatch(kind: str, text: str, test: str | None) -> ParseResult:
     if kind == "nccl":
         return parse_nccl(text, test=test)
     if kind == "gpuburn":

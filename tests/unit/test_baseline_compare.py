@@ -76,6 +76,16 @@ def test_outlier_gpu_among_all_gpus_of_the_fleet() -> None:
     assert [(d.gpu, d.status) for d in devs if d.status != "ok"] == [(5, "fail")]
 
 
+def test_small_nccl_sizes_are_kept_but_not_judged() -> None:
+    small, big = "all_reduce_perf.busbw@8192", f"all_reduce_perf.busbw@{32 << 20}"
+    rows = [row(n, m, v) for n, v in (("n1", 0.65), ("n2", 0.66), ("n3", 0.31))
+            for m in (small, big)]  # fmt: skip
+    assert (("nccl", small, "H100")) in compare.reference(rows)
+    devs = compare.compare(rows, "n3", compare.reference(rows))
+    assert [(d.metric, d.status) for d in devs] == [(big, "fail")]
+    assert [o.metric for o in compare.outliers(rows)] == [big]
+
+
 def test_pinned_reference_overrides_the_median() -> None:
     refs = compare.reference(FLEET, pinned={f"nccl.{BUSBW}": 480})
     ref = refs[("nccl", BUSBW, "H100")]

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmhealth.baseline.model import KINDS, BaselineParseError, Measurement, ParseResult
+from slurmhealth.baseline.model import (
+    KINDS,
+    BaselineParseError,
+    BenchmarkFailed,
+    Measurement,
+    ParseResult,
+)
 from slurmhealth.baseline.parsers import parse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "baseline"
@@ -39,7 +45,19 @@ def test_nccl_single_node() -> None:
     assert r.meta["ranks"] == 8 and r.meta["gpus"] == 8 and r.meta["iters"] == 20
     assert r.meta["nodes"] == ["gpu-node01"]
     assert r.meta["device_model"] == "NVIDIA H100 80GB HBM3"
+    assert r.gpu_model == "NVIDIA H100 80GB HBM3"
     assert len(r.meta["sizes"]) == 31
+
+
+def test_nccl_keeps_every_size_but_not_zero_readings() -> None:
+    r = _load("nccl", "nccl_all_reduce_1x8.txt")
+    sizes = {int(m.metric.split("@")[1]) for m in r.measurements if "@" in m.metric}
+    # 8..64 bytes print 0.00 GB/s: below the printed precision, not a measurement
+    assert sizes == {2**k for k in range(7, 34)}
+    assert _by(r, "all_reduce_perf.busbw@65536").value == 5.16
+    assert _by(r, "all_reduce_perf.busbw_inplace@65536").value == 5.09
+    assert _by(r, "all_reduce_perf.algbw@4096").value == 0.19
+    assert all(m.value > 0 for m in r.measurements)
 
 
 def test_nccl_multi_node() -> None:
@@ -63,9 +81,10 @@ def test_nccl_truncated_keeps_what_it_read() -> None:
     assert r.passed and r.errors == ()
     assert len(r.problems) == 3
     assert r.problems[0].startswith("line 34: unreadable table row")
-    assert "busbw_avg computed from 17 rows" in r.problems[1]
-    avg = _by(r, "all_reduce_perf.busbw_avg")
-    assert avg.value == 4.612 and avg.detail["computed"] is True
+    assert "no '# Out of bounds values' line (output may be truncated)" in r.problems
+    # an average of the first 17 sizes would read as a 97% slower node: not recorded
+    assert any("cut short after 17 rows" in p for p in r.problems)
+    assert not [m for m in r.measurements if m.metric.endswith("busbw_avg")]
     assert _by(r, "all_reduce_perf.busbw@524288").value == 38.38
     assert r.meta["max_bytes"] == 524288
 
@@ -110,16 +129,15 @@ def test_gpuburn_slow_gpu() -> None:
 def test_gpuburn_faulty() -> None:
     r = _load("gpuburn", "gpuburn_8gpu_faulty.txt")
     assert not r.passed
-    assert r.errors == ("GPU 5: 37 errors", "GPU 5: FAULTY")
+    assert r.errors == ("GPU 5: 37 errors (WARNING!)", "GPU 5: FAULTY")
     assert r.meta["verdicts"][5] == "FAULTY"
 
 
-def test_gpuburn_cut_short() -> None:
+def test_gpuburn_cut_short_is_a_failed_run() -> None:
     text = (FIXTURES / "gpuburn_8gpu_slow3.txt").read_text().split("100.0%")[0]
-    r = parse("gpuburn", text)
-    assert r.passed and r.meta["percent"] == 60.0
-    assert r.problems == ("no 'Tested N GPUs' block (run may have been cut short)",)
-    assert _by(r, "gpuburn.gflops", 0).value == round(43210 * 0.98)
+    with pytest.raises(BenchmarkFailed, match=r"run cut short.*last progress 60%") as info:
+        parse("gpuburn", text)
+    assert info.value.exit_code == 1
 
 
 # --- fio ----------------------------------------------------------------------------------
@@ -128,21 +146,21 @@ def test_gpuburn_cut_short() -> None:
 def test_fio_seqread_with_preamble() -> None:
     r = _load("fio", "fio_seqread.json")
     assert r.passed and r.problems == () and r.meta["jobs"] == ["seqread"]
-    assert _by(r, "fio.seqread.read_bw").value == 3200.0
-    assert _by(r, "fio.seqread.read_iops").value == 3200.0
-    p99 = _by(r, "fio.seqread.read_lat_p99")
+    assert _by(r, "fio.seqread_1m.read_bw").value == 3200.0
+    assert _by(r, "fio.seqread_1m.read_iops").value == 3200.0
+    p99 = _by(r, "fio.seqread_1m.read_lat_p99")
     assert p99.value == 4292.608 and p99.unit == "us" and not p99.higher_is_better
-    assert _by(r, "fio.seqread.read_lat_p50").value == 2473.984
+    assert _by(r, "fio.seqread_1m.read_lat_p50").value == 2473.984
     assert not any("write" in m.metric for m in r.measurements)
 
 
 def test_fio_randread() -> None:
     r = _load("fio", "fio_randread.json")
     assert [m.metric for m in r.measurements] == [
-        "fio.randread.read_bw",
-        "fio.randread.read_iops",
-        "fio.randread.read_lat_p50",
-        "fio.randread.read_lat_p99",
+        "fio.randread_4k.read_bw",
+        "fio.randread_4k.read_iops",
+        "fio.randread_4k.read_lat_p50",
+        "fio.randread_4k.read_lat_p99",
     ]
     assert [m.value for m in r.measurements] == [2400.0, 614400.0, 48.64, 125.44]
 
@@ -154,7 +172,7 @@ def test_fio_job_error_and_mean_fallback() -> None:
     )
     r = parse("fio", text)
     assert not r.passed and r.errors == ("job 'w': error 5",)
-    assert _by(r, "fio.w.write_lat_mean").value == 1.5
+    assert _by(r, "fio.seqwrite_4k.write_lat_mean").value == 1.5
     assert r.problems == ("job 'w' write: no latency percentiles; used lat_ns mean",)
 
 
@@ -172,6 +190,7 @@ def test_nvbandwidth() -> None:
     per_gpu = [m for m in r.measurements if m.metric.endswith("read_ce") and m.gpu is not None]
     assert per_gpu == []
     assert r.meta["gpus"] == 8 and r.meta["device_model"] == "NVIDIA H100 80GB HBM3"
+    assert r.gpu_model == "NVIDIA H100 80GB HBM3"
 
 
 def test_nvbandwidth_missing_sum_is_computed() -> None:
@@ -281,6 +300,7 @@ def _safe_parse(kind: str, text: str) -> None:
         assert "\n" not in str(exc)
         return
     assert isinstance(result, ParseResult) and result.kind == kind
+    assert result.measurements  # a result that measured nothing is a BenchmarkFailed
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,0 +1,265 @@
+"""nccl-tests output as src/util.cu prints it (and the per-test layouts before 2.13): the test
+name and GPU model from the output, every message size kept, #wrong and summaries judged."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurmhealth.baseline.model import BaselineParseError, BenchmarkFailed, ParseResult
+from slurmhealth.baseline.parsers import parse
+
+
+def _float(value: float, width: int) -> str:
+    """util.cu getFloatStr: %.2f, else %.1f, else %.0f, else exponent, to fit ``width``."""
+    for fmt in (f"{value:{width}.2f}", f"{value:{width}.1f}", f"{value:{width}.0f}"):
+        if len(fmt) <= width:
+            return fmt
+    return f"{value:{width}.1e}"
+
+
+def _g(value: float) -> str:
+    return f"{value:g}"
+
+
+def row(size: int, count: int, dtype: str, redop: str, root: int, halves: list[tuple]) -> str:
+    """writeBenchmarkLinePreamble + writeBenchmarkLineBody x2 (``wrong`` None: -c 0)."""
+    out = f"{size:12d}  {count:12d}  {dtype:>8}  {redop:>6}  {root:6d}"
+    for t, a, b, w in halves:
+        out += f"  {_float(t, 7):>7}  {_float(a, 6):>6}  {_float(b, 6):>6}"
+        out += f"  {_g(w):>6}" if w is not None else "    N/A"
+    return out
+
+
+def header(test: str, ranks: int, model: str, hosts: int = 1) -> str:
+    lines = [
+        "# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=22807",
+        f"# Collective test starting: {test}",
+        f"# nThread 1 nGpus {ranks // hosts} minBytes 1024 maxBytes 1073741824 step: 4(factor)"
+        " warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0",
+        "#",
+        "# Using devices",
+    ]
+    per = ranks // hosts
+    lines += [
+        f"#  Rank {r:2d} Group  0 Pid {4000 + r:6d} on {f'dgx-{r // per:02d}':>10} device"
+        f" {r % per:2d} [0000:{0x18 + r % per:02x}:00] {model}"
+        for r in range(ranks)
+    ]
+    lines += [
+        "#",
+        "#                                                              out-of-place"
+        "                       in-place          ",
+        "#       size         count      type   redop    root     time   algbw   busbw  #wrong"
+        "     time   algbw   busbw  #wrong ",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)        "
+        "      (us)  (GB/s)  (GB/s)         ",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def footer(test: str, avg: float, oob: int = 0, check: str = "") -> str:
+    return (
+        f"# Out of bounds values : {oob} {'FAILED' if oob else 'OK'}\n"
+        f"# Avg bus bandwidth    : {_g(avg)} {check}\n#\n# Collective test concluded: {test}\n#\n"
+    )
+
+
+SIZES = [1024 * 4**k for k in range(11)]  # 1 KiB .. 1 GiB
+
+
+def all_gather(ranks: int = 8, model: str = "NVIDIA A100-SXM4-80GB", wrong: int = 0) -> str:
+    rows = []
+    for s in SIZES:
+        t = 10 + s / 2e5
+        algbw = s / t / 1e3
+        busbw = algbw * (ranks - 1) / ranks
+        halves = [(t, algbw, busbw, 0), (t * 1.01, algbw / 1.01, busbw / 1.01, wrong)]
+        rows.append(row(s, s // 4 // ranks, "float", "none", -1, halves))
+    return (
+        header("all_gather_perf", ranks, model)
+        + "\n".join(rows)
+        + "\n"
+        + footer("all_gather_perf", 61.2345)
+    )
+
+
+def _metric(r: ParseResult, metric: str) -> float:
+    (value,) = [m.value for m in r.measurements if m.metric == metric]
+    return value
+
+
+def test_name_model_and_every_size_from_the_output() -> None:
+    r = parse("nccl", all_gather())
+    assert r.passed and r.errors == () and r.problems == ()
+    assert r.meta["test"] == "all_gather_perf" and r.gpu_model == "NVIDIA A100-SXM4-80GB"
+    assert r.meta["ranks"] == 8 and r.meta["nodes"] == ["dgx-00"] and r.meta["checked"]
+    assert _metric(r, "all_gather_perf.busbw_avg") == 61.2345
+    kept = {m.metric.split("@")[0] + "@" for m in r.measurements if "@" in m.metric}
+    assert kept == {f"all_gather_perf.{f}@" for f in ("busbw", "algbw", "busbw_inplace",
+                                                      "algbw_inplace")}  # fmt: skip
+    sizes = {int(m.metric.split("@")[1]) for m in r.measurements if "@" in m.metric}
+    assert sizes == set(SIZES)
+    big = 1024 * 4**10
+    t = 10 + big / 2e5
+    assert _metric(r, f"all_gather_perf.algbw@{big}") == float(_float(big / t / 1e3, 6))
+    assert _metric(r, f"all_gather_perf.busbw@{big}") == float(_float(big / t / 1e3 * 7 / 8, 6))
+
+
+def test_hint_never_overrides_the_name_in_the_output() -> None:
+    r = parse("nccl", all_gather(), test="all_reduce_perf")
+    assert r.meta["test"] == "all_gather_perf"
+
+
+def test_wrong_elements_in_g_format_fail_the_run() -> None:
+    r = parse("nccl", all_gather(wrong=1048576))  # %6g prints 1.04858e+06
+    assert not r.passed and len(r.errors) == len(SIZES)
+    assert r.errors[0] == "size 1024 (float): in-place #wrong 1.04858e+06"
+
+
+def test_no_check_prints_na() -> None:
+    text = header("alltoall_perf", 8, "NVIDIA H100 80GB HBM3")
+    text += row(1048576, 32768, "float", "none", -1, [(40.1, 26.15, 22.88, None)] * 2) + "\n"
+    r = parse("nccl", text + footer("alltoall_perf", 22.88))
+    assert r.passed and r.meta["checked"] is False
+    assert _metric(r, "alltoall_perf.busbw_inplace@1048576") == 22.88
+
+
+def test_pre_2_13_layouts_without_redop_or_root() -> None:
+    # all_gather printed "size count type"; broadcast "size count type root"; the wrong
+    # column was a max delta in %5.0le
+    gather = (
+        "# nThread 1 nGpus 4 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20"
+        " validation: 1\n"
+        "        1024            64   float    13.10    0.08    0.06  0e+00    12.90    0.08"
+        "    0.06  0e+00\n"
+        "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.06 \n"
+    )
+    r = parse("nccl", "$ ./all_gather_perf -g 4\n" + gather)
+    assert r.passed and _metric(r, "all_gather_perf.busbw@1024") == 0.06
+    bcast = gather.replace("   float    13.10", "   float     0    13.10").replace(
+        "0e+00\n", "2e-07\n"
+    )
+    r = parse("nccl", "mpirun -np 4 ./build/broadcast_perf -g 1\n" + bcast)
+    assert r.passed, r.errors  # a max delta of 2e-07 is rounding, not a wrong element
+    assert r.meta["test"] == "broadcast_perf"
+
+
+def test_launcher_prefixes_and_the_oldest_header() -> None:
+    tagged = "".join(f"[1,0]<stdout>:{line}\n" for line in all_gather().splitlines())
+    r = parse("nccl", tagged)
+    assert r.meta["test"] == "all_gather_perf" and len(r.meta["sizes"]) == len(SIZES)
+    labelled = "".join(f"0: {line}\n" for line in all_gather().splitlines())
+    assert parse("nccl", labelled).measurements == r.measurements
+    oldest = (  # 2017-2018: no '#' before nThread, rank lines without Group or Pid
+        "nThread 1 nGpus 8 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5 iters: 20\n"
+        "#   Rank  0 on   node-7 device  0 [0x06] Tesla P100-SXM2-16GB\n"
+        "        1024           256   float     sum    14.10    0.07    0.13  0e+00    13.90"
+        "    0.07    0.13  0e+00\n Out of bounds values : 0 OK\n Avg bus bandwidth    : 0.13 \n"
+    )
+    r = parse("nccl", oldest, test="all_reduce_perf")
+    assert r.gpu_model == "Tesla P100-SXM2-16GB" and r.meta["nthread"] == 1 and r.passed
+    assert _metric(r, "all_reduce_perf.busbw@1024") == 0.13
+
+
+def test_per_iteration_and_timestamp_columns() -> None:
+    base = row(8388608, 2097152, "float", "sum", -1, [(95.0, 88.3, 154.5, 0)] * 2)
+    out, inp = base.split("      0", 1)
+    line = out + "      0    93.1    97.4    97.9     1.2" + inp + "    93.0    97.5    98.0"
+    line += "     1.1  2026-11-30 09:30:00"
+    text = (
+        header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3").replace(
+            "out-of-place  ", "out-of-place (+ per-iteration)"
+        )
+        + "#       size  count  type redop root time algbw busbw #wrong i_min i_max i_p99 i_cv%\n"
+    )
+    r = parse("nccl", text + line + "\n" + footer("all_reduce_perf", 154.5))
+    assert r.problems == () and _metric(r, "all_reduce_perf.busbw_inplace@8388608") == 154.5
+
+
+def test_several_tests_and_data_types_in_one_file() -> None:
+    reduce_rows = [
+        row(4096, 1024, dtype, "sum", -1, [(20.0, 0.2, 0.36, 0)] * 2) for dtype in ("float", "half")
+    ]
+    text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3") + "\n".join(reduce_rows)
+    text += "\n" + footer("all_reduce_perf", 0.36) + all_gather(model="NVIDIA H100 80GB HBM3")
+    r = parse("nccl", text)
+    assert r.meta["tests"] == ["all_reduce_perf", "all_gather_perf"]
+    assert _metric(r, "all_reduce_perf.busbw@4096.half.sum") == 0.36
+    assert _metric(r, "all_gather_perf.busbw_avg") == 61.2345
+    assert r.gpu_model == "NVIDIA H100 80GB HBM3"
+
+
+def test_name_inferred_from_the_bus_factor_when_missing() -> None:
+    rows = [row(s, s // 4, "float", "sum", -1, [(100.0, 80.0, 140.0, 0)] * 2) for s in SIZES]
+    text = header("x", 8, "NVIDIA H100 80GB HBM3").replace("# Collective test starting: x\n", "")
+    r = parse("nccl", text + "\n".join(rows) + "\n" + footer("", 140.0).rsplit("# Coll", 1)[0])
+    assert r.meta["test"] == "all_reduce_perf"  # busbw/algbw = 2(n-1)/n for n = 8
+    assert "all_reduce_perf inferred" in " ".join(r.problems)
+
+
+def test_avg_below_nccl_tests_min_bw_is_an_error() -> None:
+    r = parse("nccl", all_gather().replace("61.2345 ", "61.2345 FAILED"))
+    assert r.errors == ("avg bus bandwidth 61.2345 GB/s below NCCL_TESTS_MIN_BW",)
+
+
+def test_nccls_last_error_string_is_a_reason_not_a_verdict() -> None:
+    stale = "# error: NET/IB : Got async event : port error\n"
+    r = parse("nccl", all_gather() + stale)
+    assert r.passed and "nccl reported: NET/IB : Got async event : port error" in r.problems
+    died = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3") + "#\n" + stale
+    with pytest.raises(BenchmarkFailed, match="nccl reported: NET/IB"):
+        parse("nccl", died)
+
+
+def test_a_run_that_died_before_its_table_is_a_failed_run() -> None:
+    text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    text += "dgx-00: Test NCCL failure common.cu:1040 'unhandled system error'\n"
+    with pytest.raises(BenchmarkFailed, match="NCCL failure") as info:
+        parse("nccl", text)
+    assert info.value.exit_code == 1
+
+
+_NOISE = st.text(
+    alphabet=st.sampled_from(list("0123456789 .-e+#:/NA\nabfloatsumnonewrg_perfRankPidon[]")),
+    max_size=400,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=_NOISE, test=st.none() | st.just("all_reduce_perf"))
+def test_arbitrary_nccl_like_text_raises_only_parse_errors(text: str, test: str | None) -> None:
+    try:
+        r = parse("nccl", "# nThread 1 nGpus 1\n" + text, test=test)
+    except BaselineParseError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert r.measurements and all(m.value > 0 for m in r.measurements)
+
+
+_TOKEN = st.sampled_from(
+    ["8", "1024", "-1", "0", "float", "sum", "none", "N/A", "12.5", "0.00", "1e+06", "2e-07",
+     "2026-11-30", "09:30:00", "#", "x"]
+)  # fmt: skip
+_LINE = st.one_of(
+    st.lists(_TOKEN, min_size=3, max_size=20).map(lambda t: "  ".join(["1024", "256", *t])),
+    st.sampled_from(
+        ["# Collective test starting: all_reduce_perf", "# nThread 1 nGpus 8 iters: 20",
+         "#  Rank  0 Group  0 Pid 1 on h device  0 [0000:18:00] NVIDIA H100 80GB HBM3",
+         "# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 12.5 FAILED",
+         "# Avg bus bandwidth    : inf", "#  size count type redop root i_min",
+         "./build/alltoall_perf -g 8", "Test NCCL failure common.cu:1 'x'", ""]
+    ),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(lines=st.lists(_LINE, max_size=12))
+def test_shuffled_nccl_pieces_raise_only_parse_errors(lines: list[str]) -> None:
+    try:
+        r = parse("nccl", "\n".join(lines))
+    except BaselineParseError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert r.measurements and all(0 < m.value < float("inf") for m in r.measurements)
