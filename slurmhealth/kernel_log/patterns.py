@@ -141,7 +141,7 @@ class EventJoiner:
     the first line and "fallen off the bus" on the last.
     """
 
-    WINDOW = 4  # lines after the head within which the message must end
+    WINDOW = 2  # the message is three lines: it ends at most two lines after its head
 
     def __init__(self) -> None:
         self._head: tuple[str, float | None, int | None, list[str]] | None = None

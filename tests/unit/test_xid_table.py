@@ -195,3 +195,28 @@ def test_explain_63_and_unknown() -> None:
     assert "pending" in explain(63)["severity"]
     out = explain(4242)
     assert (out["known"], out["name"], out["severity"]) == (False, "unknown Xid", "warn")
+
+
+# -- slurmhealth xid N ---------------------------------------------------------------------
+def test_cli_explains_one_xid() -> None:
+    import json
+    import os
+
+    from tests.conftest import run_cli
+
+    env = dict(os.environ)
+    done = run_cli("xid", "109", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert (out["xid"], out["mnemonic"], out["action"]) == (
+        109,
+        "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR",
+        "reset",
+    )
+    table = run_cli("xid", "94", env=env)
+    assert table.returncode == 0 and "RESTART_APP" in table.stdout
+    bad = run_cli("xid", "abc", env=env)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines() == [
+        "slurmhealth: error: xid: 'abc' is not an Xid number (0-99999)"
+    ]
