@@ -21,7 +21,7 @@ from __future__ import annotations
 import calendar
 import re
 import time
-from dataclasses import dataclass
+from typing import NamedTuple, TypedDict
 
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 
@@ -70,8 +70,7 @@ _UNIX_RE = re.compile(r"(?P<sec>[0-9]{9,11})\.(?P<frac>[0-9]{1,9})" + _HOST + r"
 _DICT_RE = re.compile(r"[ \t]+[A-Z_][A-Z0-9_]*=")
 
 
-@dataclass(frozen=True)
-class LogLine:
+class LogLine(NamedTuple):
     """One log line split into its parts; unknown parts are ``None``."""
 
     text: str
@@ -141,8 +140,10 @@ def split_line(line: str, *, now: float | None = None) -> LogLine:
         return LogLine("")
     m = _KMSG_RE.fullmatch(line)
     if m is not None:
-        text = _KMSG_ESCAPE_RE.sub(lambda e: chr(int(e[1], 16)), m[4])
-        return LogLine(text, seq=int(m[2]), usec=int(m[3]))
+        text = m[4]
+        if "\\x" in text:
+            text = _KMSG_ESCAPE_RE.sub(lambda e: chr(int(e[1], 16)), text)
+        return LogLine(text, int(m[2]), int(m[3]))
     wall: float | None = None
     stamped = _wall(line, now)
     if stamped is not None:
@@ -174,6 +175,29 @@ def format_kmsg_record(seq: int, usec: int, text: str, prio: int = 3) -> str:
 def _unquote(value: str) -> str | None:
     v = value.strip().strip("'\"")
     return None if v in ("", "<unknown>") else v
+
+
+class _Verdict(TypedDict, total=False):
+    contained: bool | None
+    reset_required: bool | None
+    drain_reset_required: bool | None
+    recovery_action: int | None
+    caused_by: int | None
+
+
+def _verdict(rest: str) -> _Verdict:
+    """The driver's own fields on an Xid line, those present (cheap tests first)."""
+    out = _Verdict()
+    if "ontained:" in rest and (cm := _CONTAINED_RE.search(rest)) is not None:
+        out["contained"] = cm["un"] is None
+    if "RST:" in rest:
+        out["reset_required"] = _yes(rest, "RST")
+        out["drain_reset_required"] = _yes(rest, "D-RST")
+    if "recovery action" in rest:
+        out["recovery_action"] = _number(_RECOVERY_RE, rest, 16)
+    if "caused by" in rest:
+        out["caused_by"] = _number(_CAUSED_RE, rest)
+    return out
 
 
 def _yes(rest: str, key: str) -> bool | None:
@@ -223,11 +247,7 @@ def parse_xid(text: str, *, seq: int | None = None, ts: float | None = None) -> 
             process_name=name,
             gpu_instance=m["gi"].upper() if m["gi"] else None,
             seq=seq,
-            contained=None if (cm := _CONTAINED_RE.search(rest)) is None else cm["un"] is None,
-            reset_required=_yes(rest, "RST"),
-            drain_reset_required=_yes(rest, "D-RST"),
-            recovery_action=_number(_RECOVERY_RE, rest, 16),
-            caused_by=_number(_CAUSED_RE, rest),
+            **_verdict(rest),
         )
     except (ValueError, TypeError):
         return None

@@ -27,7 +27,17 @@ _BDF = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-
 _BUS_RE = re.compile(_BDF)
 _GPU_NUMBER_RE = re.compile(r"\bGPU([0-9]{1,3})\b")
 _FALLEN = "fallen off the bus"
-_MAYBE_RE = re.compile(r"NVRM|SXid|AER|PCIe Bus Error|probe")  # a cheap test before the rest
+
+
+def might_be_fault(text: str) -> bool:
+    """False for lines that cannot be (part of) a GPU fault: a cheap filter before parsing.
+
+    Every line of the multi-line fallen-off-the-bus message carries ``NVRM:``."""
+    return (
+        "NVRM" in text or "SXid" in text or "AER" in text or "PCIe Bus" in text or "probe" in text
+    )
+
+
 _FALLEN_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU " + _BDF)
 _GSP_RE = re.compile(
     r"_kgspIsHeartbeatTimedOut|heartbeat timed out|\*+ ?GSP Timeout ?\*+"
@@ -99,29 +109,33 @@ def parse_event(
 
 
 def _parse(text: str, seq: int | None, ts: float | None) -> KernelEvent | None:
-    if "NVRM: Xid (" in text:
-        return None  # Xids are parse_xid's
-    if m := _SXID_RE.search(text):
+    if "NVRM" in text:
+        return None if "NVRM: Xid (" in text else _nvrm(text, seq, ts)  # Xids: parse_xid's
+    if "SXid" in text and (m := _SXID_RE.search(text)):
         level = _level(m["rest"].split(",", 1)[0])
         code = int(m["code"])
         return _event(
             "sxid", text, ts, seq, bus=_bus(m["bus"]), code=code, level=level, device=m["dev"]
         )
-    if m := _AER_RECEIVED_RE.search(text):
+    if "AER" in text and (m := _AER_RECEIVED_RE.search(text)):
         bus, level = _bus(m["bus"]), _level(m["sev"])
         return _event("pcie_aer", text, ts, seq, bus=bus, level=level, device=None)
-    if m := _AER_DEVICE_RE.search(text):
+    if "PCIe Bus Error" in text and (m := _AER_DEVICE_RE.search(text)):
         bus, level = _bus(m["bus"]), _level(m["sev"])
         return _event("pcie_aer", text, ts, seq, bus=bus, level=level, device=m["dev"])
-    for probe in _PROBE_RES:
+    for probe in _PROBE_RES if "probe" in text else ():
         if m := probe.search(text):
             return _event("init_failed", text, ts, seq, bus=_bus(m["bus"]))
-    if "NVRM" not in text:
-        return None
+    return None
+
+
+def _nvrm(text: str, seq: int | None, ts: float | None) -> KernelEvent | None:
+    """The nvidia driver's own messages (``NVRM: ...``): lost GPU, init failure, GSP."""
     kind = (
         "fallen_off_bus" if _FALLEN in text
         else "init_failed" if _INIT_RE.search(text)
-        else "gsp_timeout" if _GSP_RE.search(text)
+        else "gsp_timeout" if ("GSP" in text or "gsp" in text or "eartbeat" in text)
+        and _GSP_RE.search(text)
         else None
     )  # fmt: skip
     if kind is None:
@@ -150,7 +164,7 @@ class EventJoiner:
     def feed(
         self, text: str, *, seq: int | None = None, ts: float | None = None
     ) -> list[KernelEvent]:
-        if self._head is None and not _MAYBE_RE.search(text):
+        if self._head is None and not might_be_fault(text):
             return []
         out: list[KernelEvent] = []
         for line in text.split("\n"):

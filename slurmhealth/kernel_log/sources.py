@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmhealth.kernel_log.parse import parse_xid, split_line
-from slurmhealth.kernel_log.patterns import EventJoiner, resolve_gpu_numbers
+from slurmhealth.kernel_log.patterns import EventJoiner, might_be_fault, resolve_gpu_numbers
 from slurmhealth.model import KernelEvent, XidEvent
 
 _XID_MARK = "NVRM: Xid ("
@@ -134,8 +134,7 @@ class KernelLogReader:
             return ReadResult((), cur, False, f"kernel log ({self.source}): {e!r}"[:300])
 
     def _drain(self, recs: _Records, scan: _Scan, now: float, deadline: float) -> ReadResult:
-        found: list[tuple[_Record, XidEvent | KernelEvent]] = []
-        joiner = EventJoiner()
+        candidates: list[_Record] = []
         any_time = False
         n = 0
         for rec in recs:
@@ -143,11 +142,8 @@ class KernelLogReader:
                 n += 1
                 scan.cursor = rec.mark
                 any_time = any_time or rec.ts is not None
-                if _XID_MARK in rec.text:
-                    xid = parse_xid(rec.text, seq=rec.seq, ts=rec.ts)
-                    found.extend([] if xid is None else [(rec, xid)])
-                else:
-                    found.extend((rec, e) for e in joiner.feed(rec.text, seq=rec.seq, ts=rec.ts))
+                if might_be_fault(rec.text):
+                    candidates.append(rec)
                 if n >= self.max_records:
                     scan.error = f"partial read: stopped after {n} records (max_records)"
                     break
@@ -157,13 +153,15 @@ class KernelLogReader:
         cutoff = now - self.lookback_s
         xids: list[XidEvent] = []
         others: list[KernelEvent] = []
-        for rec, ev in found:
+        joiner = EventJoiner()
+        for rec in candidates:
             if scan.first and (any_time if rec.ts is None else rec.ts < cutoff):
                 continue  # first read: only recent records (untimed ones if nothing has times)
-            if isinstance(ev, XidEvent):
-                xids.append(ev)
+            if _XID_MARK in rec.text:
+                xid = parse_xid(rec.text, seq=rec.seq, ts=rec.ts)
+                xids.extend([] if xid is None else [xid])
             else:
-                others.append(ev)
+                others.extend(joiner.feed(rec.text, seq=rec.seq, ts=rec.ts))
         kernel = tuple(resolve_gpu_numbers(others, xids))
         return ReadResult(tuple(xids), scan.cursor, True, scan.error, kernel)
 
