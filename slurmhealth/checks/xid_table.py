@@ -12,12 +12,11 @@ the driver's own verdict (``Contained:``, ``RST:``, ``D-RST:``, Xid 154's recove
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import resources
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from slurmhealth.model import Action, Severity, XidEvent
 
@@ -49,8 +48,20 @@ class XidInfo:
         return self.action.takes_node_out
 
 
-def _load() -> tuple[dict[int, XidInfo], dict[str, dict[str, str]]]:
-    """Read the packaged catalog; a broken file is a packaging bug and raises."""
+class _Catalog(NamedTuple):
+    rows: Mapping[int, XidInfo]  # every row of the file, 63 included
+    buckets: Mapping[str, Mapping[str, str]]
+    table: Mapping[int, XidInfo]  # without 63
+    xid63: tuple[XidInfo, XidInfo, XidInfo]  # remap pending, done, unknown
+
+
+@functools.cache
+def _catalog() -> _Catalog:
+    """Read the packaged catalog on first use (a check run without Xids never pays for it);
+    a broken file is a packaging bug and raises."""
+    import tomllib
+    from importlib import resources
+
     text = resources.files("slurmhealth.checks").joinpath("xid_catalog.toml").read_text()
     data: dict[str, Any] = tomllib.loads(text)
     buckets: dict[str, dict[str, str]] = data["bucket"]
@@ -67,37 +78,51 @@ def _load() -> tuple[dict[int, XidInfo], dict[str, dict[str, str]]]:
             immediate=row["immediate"],
             source=row["source"],
         )
-    return rows, buckets
+    table = MappingProxyType({x: r for x, r in rows.items() if x != 63})
+    return _Catalog(MappingProxyType(rows), MappingProxyType(buckets), table, _xid63(rows[63]))
 
 
-_ROWS, BUCKETS = _load()
+def _xid63(row: XidInfo) -> tuple[XidInfo, XidInfo, XidInfo]:
+    """Xid 63: a row remap (or page retirement) was recorded. Harmless on its own; a pending
+    remap only takes effect after a GPU reset, so until then the GPU must not take new jobs."""
+    pending = dataclasses.replace(
+        row,
+        severity=Severity.FAIL,
+        action=Action.DRAIN,
+        hint="row remap pending: drain and reset the GPU (nvidia-smi -r) to activate it "
+        "(nvidia-smi -q -d ROW_REMAPPER)",
+    )
+    done = dataclasses.replace(
+        row,
+        severity=Severity.INFO,
+        action=Action.RECORD,
+        hint="row remap/page retirement recorded, nothing pending: watch the trend "
+        "(nvidia-smi -q -d ROW_REMAPPER)",
+    )
+    unknown = dataclasses.replace(
+        row,
+        severity=Severity.WARN,
+        action=Action.RECORD,
+        hint="row remap state unknown: check nvidia-smi -q -d ROW_REMAPPER for a pending remap",
+    )
+    return pending, done, unknown
 
-XID_TABLE: Mapping[int, XidInfo] = MappingProxyType({x: r for x, r in _ROWS.items() if x != 63})
-"""Every Xid this package knows, except 63 whose meaning depends on the row-remap state."""
 
-# Xid 63: a row remap (or page retirement) was recorded. Harmless on its own; a pending remap
-# only takes effect after a GPU reset, so until then the GPU must not take new jobs.
-_XID63 = _ROWS[63]
-XID63_PENDING = dataclasses.replace(
-    _XID63,
-    severity=Severity.FAIL,
-    action=Action.DRAIN,
-    hint="row remap pending: drain and reset the GPU (nvidia-smi -r) to activate it "
-    "(nvidia-smi -q -d ROW_REMAPPER)",
-)
-XID63_DONE = dataclasses.replace(
-    _XID63,
-    severity=Severity.INFO,
-    action=Action.RECORD,
-    hint="row remap/page retirement recorded, nothing pending: watch the trend "
-    "(nvidia-smi -q -d ROW_REMAPPER)",
-)
-XID63_UNKNOWN = dataclasses.replace(
-    _XID63,
-    severity=Severity.WARN,
-    action=Action.RECORD,
-    hint="row remap state unknown: check nvidia-smi -q -d ROW_REMAPPER for a pending remap",
-)
+def __getattr__(name: str) -> Any:
+    """``XID_TABLE`` (every Xid this package knows, except 63 whose meaning depends on the
+    row-remap state), ``BUCKETS`` and the three Xid 63 verdicts, loaded on first use."""
+    cat = _catalog()
+    lazy = {
+        "XID_TABLE": cat.table,
+        "BUCKETS": cat.buckets,
+        "XID63_PENDING": cat.xid63[0],
+        "XID63_DONE": cat.xid63[1],
+        "XID63_UNKNOWN": cat.xid63[2],
+    }
+    if name in lazy:
+        return lazy[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Xid 154's recovery actions (NVML's nvmlDeviceGpuRecoveryAction_t values).
 _RECOVERY: Mapping[int, tuple[str, Severity, Action, str]] = {
@@ -115,11 +140,11 @@ def classify(xid: int, remap_pending: bool | None = None) -> XidInfo:
     ``remap_pending`` is NVML's row-remap "pending" flag for the GPU (``nvidia-smi -q -d
     ROW_REMAPPER``); it only matters for Xid 63. ``None`` means unknown.
     """
+    cat = _catalog()
     if xid == 63:
-        if remap_pending is None:
-            return XID63_UNKNOWN
-        return XID63_PENDING if remap_pending else XID63_DONE
-    known = XID_TABLE.get(xid)
+        pending, done, unknown = cat.xid63
+        return unknown if remap_pending is None else pending if remap_pending else done
+    known = cat.table.get(xid)
     if known is not None:
         return known
     return XidInfo(
@@ -174,11 +199,12 @@ _CONTAINED_HINT = (
 
 def explain(xid: int) -> dict[str, Any]:
     """Everything slurmhealth knows about Xid ``xid``, for ``slurmhealth xid N``."""
-    info = _ROWS.get(xid) or classify(xid)
-    bucket = BUCKETS.get(info.immediate, {})
+    cat = _catalog()
+    info = cat.rows.get(xid) or classify(xid)
+    bucket = cat.buckets.get(info.immediate, {})
     out: dict[str, Any] = {
         "xid": xid,
-        "known": xid in _ROWS,
+        "known": xid in cat.rows,
         "name": info.name,
         "mnemonic": info.mnemonic or None,
         "immediate_action": info.immediate or None,
@@ -192,7 +218,7 @@ def explain(xid: int) -> dict[str, Any]:
     if xid == 63:
         out["severity"] = "fail if a row remap is pending, info if not, warn if unknown"
         out["action"] = "drain if a row remap is pending, else record"
-        out["hint"] = XID63_PENDING.hint
+        out["hint"] = cat.xid63[0].hint
     out["driver_override"] = (
         "when the line carries the driver's verdict (Contained:/Uncontained:, RST:, D-RST:, "
         "Xid 154's recovery action), it overrides this table"

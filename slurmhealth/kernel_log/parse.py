@@ -18,7 +18,6 @@ microseconds (:attr:`LogLine.usec`) for the reader to add to the boot time.
 
 from __future__ import annotations
 
-import calendar
 import re
 import time
 from typing import NamedTuple, TypedDict
@@ -33,13 +32,14 @@ _XID_RE = re.compile(
 )
 _PID_RE = re.compile(r"pid=(?P<v>'[^']*'|<[^>]*>|[^,\s]*)\s*,?\s*", re.ASCII)
 _NAME_RE = re.compile(r"name=(?P<v>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)", re.ASCII)
-_CONTAINED_RE = re.compile(r"(?<![A-Za-z])(?P<un>Un)?[Cc]ontained:", re.ASCII)
-_RST_RE = re.compile(r"(?P<d>D-)?RST:\s*(?P<v>Yes|No)\b", re.ASCII | re.IGNORECASE)
-_RECOVERY_RE = re.compile(r"recovery action changed from .{0,60}?\bto 0x([0-9a-f]{1,8})", re.I)
-_CAUSED_RE = re.compile(r"caused by previous Xid\s+([0-9]{1,5})\b", re.IGNORECASE)
+# The driver's verdict fields, rare: strings that `re` compiles (and caches) on first use.
+_CONTAINED = r"(?<![A-Za-z])(?P<un>Un)?[Cc]ontained:"
+_RST = r"(?P<d>D-)?RST:\s*(?P<v>Yes|No)\b"
+_RECOVERY = r"recovery action changed from .{0,60}?\bto 0x([0-9a-f]{1,8})"
+_CAUSED = r"caused by previous Xid\s+([0-9]{1,5})\b"
 # /dev/kmsg: "prio,seq,usec,flags[,caller=..];text" then " KEY=value" dictionary lines.
 _KMSG_RE = re.compile(r"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20})(?:,[^;]*)?;(.*)", re.DOTALL)
-_KMSG_ESCAPE_RE = re.compile(r"\\x([0-9a-f]{2})")
+_KMSG_ESCAPE = r"\\x([0-9a-f]{2})"
 # dmesg / dmesg --raw / dmesg -x: "[12345.678901] text", "<6>[..] text", "kern  :err   : [..]".
 _DMESG_RE = re.compile(
     r"(?:<[0-9]{1,4}>|[a-z]{1,8} *:[a-z]{1,8} *: )?\[\s*([0-9]{1,12})\.([0-9]{1,9})\] ?(.*)",
@@ -50,24 +50,31 @@ _MON = "(?P<mon>" + "|".join(_MONTHS) + ")"
 _HMS = r"(?P<h>[0-9]{2}):(?P<mi>[0-9]{2}):(?P<s>[0-9]{2})"
 _FRAC = r"(?:[.,](?P<frac>[0-9]{1,9}))?"
 _HOST = r" \S+ kernel(?:\[[0-9]+\])?: "  # syslog / journal "host kernel: " (or "kernel[0]: ")
+# The wall-clock forms stay strings: `re` compiles (and caches) them on first use, so a
+# process that only reads /dev/kmsg never pays for them. All are matched with re.DOTALL.
 # dmesg -T / --ctime: "[Tue Dec  1 01:02:03 2026] text", local time.
-_CTIME_RE = re.compile(
+_CTIME = (
     r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" {1,2}(?P<d>[0-9]{1,2}) " + _HMS
-    + r" (?P<y>[0-9]{4})\] ?(?P<text>.*)",
-    re.DOTALL,
+    + r" (?P<y>[0-9]{4})\] ?(?P<text>.*)"
 )  # fmt: skip
 # ISO 8601 / RFC 3339 with an offset: dmesg --time-format iso, rsyslog, journal short-iso.
-_ISO_RE = re.compile(
+_ISO = (
     r"(?P<y>[0-9]{4})-(?P<mo>[0-9]{2})-(?P<d>[0-9]{2})T" + _HMS + _FRAC
-    + r"(?P<tz>Z|[+-][0-9]{2}:?[0-9]{2})(?:" + _HOST + r"| )(?P<text>.*)",
-    re.DOTALL,
+    + r"(?P<tz>Z|[+-][0-9]{2}:?[0-9]{2})(?:" + _HOST + r"| )(?P<text>.*)"
 )  # fmt: skip
 # syslog / journal short and short-precise: "Dec  1 01:02:03 host kernel: text", local time.
-_SYSLOG_RE = re.compile(
-    _MON + r" {1,2}(?P<d>[0-9]{1,2}) " + _HMS + _FRAC + _HOST + r"(?P<text>.*)", re.DOTALL
-)
-_UNIX_RE = re.compile(r"(?P<sec>[0-9]{9,11})\.(?P<frac>[0-9]{1,9})" + _HOST + r"(?P<text>.*)")
+_SYSLOG = _MON + r" {1,2}(?P<d>[0-9]{1,2}) " + _HMS + _FRAC + _HOST + r"(?P<text>.*)"
+_UNIX = r"(?P<sec>[0-9]{9,11})\.(?P<frac>[0-9]{1,9})" + _HOST + r"(?P<text>.*)"
 _DICT_RE = re.compile(r"[ \t]+[A-Z_][A-Z0-9_]*=")
+
+
+def might_be_fault(text: str) -> bool:
+    """False for lines that cannot be (part of) a GPU fault: a cheap filter before parsing.
+
+    Every line of the multi-line fallen-off-the-bus message carries ``NVRM:``."""
+    return (
+        "NVRM" in text or "SXid" in text or "AER" in text or "PCIe Bus" in text or "probe" in text
+    )
 
 
 class LogLine(NamedTuple):
@@ -95,6 +102,8 @@ def _iso(m: re.Match[str]) -> float:
         sign = -1 if tz[0] == "-" else 1
         digits = tz[1:].replace(":", "")
         off = sign * (int(digits[:2]) * 3600 + int(digits[2:]) * 60)
+    import calendar  # only ISO lines need it
+
     fields = (int(m["y"]), int(m["mo"]), int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"]))
     return calendar.timegm((*fields, 0, 0, 0)) - off + _frac(m["frac"])
 
@@ -113,16 +122,16 @@ def _syslog(m: re.Match[str], now: float | None) -> float:
 def _wall(line: str, now: float | None) -> tuple[float | None, str] | None:
     """``(UTC seconds, rest)`` for a line with a wall-clock prefix, else ``None``."""
     try:
-        if m := _CTIME_RE.fullmatch(line):
+        if m := re.fullmatch(_CTIME, line, re.DOTALL):
             mon = _MONTHS.index(m["mon"]) + 1
             return _local(int(m["y"]), mon, int(m["d"]), int(m["h"]), int(m["mi"]), int(m["s"])), m[
                 "text"
             ]
-        if m := _ISO_RE.fullmatch(line):
+        if m := re.fullmatch(_ISO, line, re.DOTALL):
             return _iso(m), m["text"]
-        if m := _SYSLOG_RE.fullmatch(line):
+        if m := re.fullmatch(_SYSLOG, line, re.DOTALL):
             return _syslog(m, now), m["text"]
-        if m := _UNIX_RE.fullmatch(line):
+        if m := re.fullmatch(_UNIX, line, re.DOTALL):
             return int(m["sec"]) + _frac(m["frac"]), m["text"]
     except (ValueError, OverflowError, OSError):
         return None, line  # a prefix that names no real time: keep the text, no time
@@ -142,7 +151,7 @@ def split_line(line: str, *, now: float | None = None) -> LogLine:
     if m is not None:
         text = m[4]
         if "\\x" in text:
-            text = _KMSG_ESCAPE_RE.sub(lambda e: chr(int(e[1], 16)), text)
+            text = re.sub(_KMSG_ESCAPE, lambda e: chr(int(e[1], 16)), text)
         return LogLine(text, int(m[2]), int(m[3]))
     wall: float | None = None
     stamped = _wall(line, now)
@@ -188,28 +197,28 @@ class _Verdict(TypedDict, total=False):
 def _verdict(rest: str) -> _Verdict:
     """The driver's own fields on an Xid line, those present (cheap tests first)."""
     out = _Verdict()
-    if "ontained:" in rest and (cm := _CONTAINED_RE.search(rest)) is not None:
+    if "ontained:" in rest and (cm := re.search(_CONTAINED, rest, re.ASCII)) is not None:
         out["contained"] = cm["un"] is None
     if "RST:" in rest:
         out["reset_required"] = _yes(rest, "RST")
         out["drain_reset_required"] = _yes(rest, "D-RST")
     if "recovery action" in rest:
-        out["recovery_action"] = _number(_RECOVERY_RE, rest, 16)
+        out["recovery_action"] = _number(_RECOVERY, rest, 16)
     if "caused by" in rest:
-        out["caused_by"] = _number(_CAUSED_RE, rest)
+        out["caused_by"] = _number(_CAUSED, rest)
     return out
 
 
 def _yes(rest: str, key: str) -> bool | None:
     """The driver's ``RST:`` / ``D-RST:`` field: True for Yes, False for No, None if absent."""
-    for rm in _RST_RE.finditer(rest):
+    for rm in re.finditer(_RST, rest, re.ASCII | re.IGNORECASE):
         if (rm["d"] is not None) == (key == "D-RST"):
             return rm["v"].lower() == "yes"
     return None
 
 
-def _number(regex: re.Pattern[str], rest: str, base: int = 10) -> int | None:
-    m = regex.search(rest)
+def _number(pattern: str, rest: str, base: int = 10) -> int | None:
+    m = re.search(pattern, rest, re.IGNORECASE)
     return None if m is None else int(m[1], base)
 
 

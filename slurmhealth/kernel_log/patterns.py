@@ -21,21 +21,13 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
+from slurmhealth.kernel_log.parse import might_be_fault
 from slurmhealth.model import KernelEvent, XidEvent, normalize_pci_bus_id
 
 _BDF = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 _BUS_RE = re.compile(_BDF)
 _GPU_NUMBER_RE = re.compile(r"\bGPU([0-9]{1,3})\b")
 _FALLEN = "fallen off the bus"
-
-
-def might_be_fault(text: str) -> bool:
-    """False for lines that cannot be (part of) a GPU fault: a cheap filter before parsing.
-
-    Every line of the multi-line fallen-off-the-bus message carries ``NVRM:``."""
-    return (
-        "NVRM" in text or "SXid" in text or "AER" in text or "PCIe Bus" in text or "probe" in text
-    )
 
 
 _FALLEN_HEAD_RE = re.compile(r"NVRM: The NVIDIA GPU " + _BDF)

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from slurmhealth.kernel_log.parse import parse_xid, split_line
-from slurmhealth.kernel_log.patterns import EventJoiner, might_be_fault, resolve_gpu_numbers
+from slurmhealth.kernel_log.parse import might_be_fault, parse_xid, split_line
 from slurmhealth.model import KernelEvent, XidEvent
 
 _XID_MARK = "NVRM: Xid ("
@@ -62,6 +61,15 @@ class _Scan:
 
 class _Unavailable(Exception):
     """The source cannot be read; the message becomes ``ReadResult.error``."""
+
+
+def _kernel_events(recs: list[_Record], xids: tuple[XidEvent, ...]) -> tuple[KernelEvent, ...]:
+    """The non-Xid faults in ``recs``; the pattern module loads only when a line needs it."""
+    from slurmhealth.kernel_log.patterns import EventJoiner, resolve_gpu_numbers
+
+    joiner = EventJoiner()
+    events = [e for r in recs for e in joiner.feed(r.text, seq=r.seq, ts=r.ts)]
+    return tuple(resolve_gpu_numbers(events, xids))
 
 
 def _ts(boot: float | None, usec: int | None) -> float | None:
@@ -151,19 +159,15 @@ class KernelLogReader:
                 scan.error = f"partial read: {self.budget_s:g} s budget spent after {n} records"
                 break
         cutoff = now - self.lookback_s
-        xids: list[XidEvent] = []
-        others: list[KernelEvent] = []
-        joiner = EventJoiner()
-        for rec in candidates:
-            if scan.first and (any_time if rec.ts is None else rec.ts < cutoff):
-                continue  # first read: only recent records (untimed ones if nothing has times)
-            if _XID_MARK in rec.text:
-                xid = parse_xid(rec.text, seq=rec.seq, ts=rec.ts)
-                xids.extend([] if xid is None else [xid])
-            else:
-                others.extend(joiner.feed(rec.text, seq=rec.seq, ts=rec.ts))
-        kernel = tuple(resolve_gpu_numbers(others, xids))
-        return ReadResult(tuple(xids), scan.cursor, True, scan.error, kernel)
+        if scan.first:  # first read: only recent records (untimed ones if nothing has times)
+            candidates = [
+                r for r in candidates if not (any_time if r.ts is None else r.ts < cutoff)
+            ]
+        xids = [parse_xid(r.text, seq=r.seq, ts=r.ts) for r in candidates if _XID_MARK in r.text]
+        found = tuple(x for x in xids if x is not None)
+        rest = [r for r in candidates if _XID_MARK not in r.text]
+        kernel = _kernel_events(rest, found) if rest else ()
+        return ReadResult(found, scan.cursor, True, scan.error, kernel)
 
     def _boot(self, now: float) -> float | None:
         """Boot time in UTC seconds: ``boot_time`` if given, else now - /proc/uptime."""

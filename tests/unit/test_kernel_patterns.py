@@ -9,8 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmhealth.kernel_log import EventJoiner, parse_event, parse_events, parse_xid, split_line
-from slurmhealth.kernel_log.patterns import resolve_gpu_numbers
+from slurmhealth.kernel_log import parse_xid, split_line
+from slurmhealth.kernel_log.patterns import (
+    EventJoiner,
+    parse_event,
+    parse_events,
+    resolve_gpu_numbers,
+)
 from slurmhealth.model import KERNEL_EVENT_KINDS
 
 XID = "NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
