@@ -108,20 +108,17 @@ def _xid63(row: XidInfo) -> tuple[XidInfo, XidInfo, XidInfo]:
     return pending, done, unknown
 
 
+_LAZY = ("XID_TABLE", "BUCKETS", "XID63_PENDING", "XID63_DONE", "XID63_UNKNOWN")
+
+
 def __getattr__(name: str) -> Any:
     """``XID_TABLE`` (every Xid this package knows, except 63 whose meaning depends on the
     row-remap state), ``BUCKETS`` and the three Xid 63 verdicts, loaded on first use."""
+    if name not in _LAZY:  # e.g. the import system asking for __path__: load nothing
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     cat = _catalog()
-    lazy = {
-        "XID_TABLE": cat.table,
-        "BUCKETS": cat.buckets,
-        "XID63_PENDING": cat.xid63[0],
-        "XID63_DONE": cat.xid63[1],
-        "XID63_UNKNOWN": cat.xid63[2],
-    }
-    if name in lazy:
-        return lazy[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    values = (cat.table, cat.buckets, *cat.xid63)
+    return values[_LAZY.index(name)]
 
 
 # Xid 154's recovery actions (NVML's nvmlDeviceGpuRecoveryAction_t values).

@@ -220,3 +220,19 @@ def test_cli_explains_one_xid() -> None:
     assert bad.stderr.strip().splitlines() == [
         "slurmhealth: error: xid: 'abc' is not an Xid number (0-99999)"
     ]
+
+
+def test_the_catalog_loads_only_when_an_xid_needs_it() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import slurmhealth.checks.xid, slurmhealth.kernel_log, sys\n"
+        "from slurmhealth.checks import xid_table\n"
+        "assert xid_table._catalog.cache_info().currsize == 0\n"
+        "assert 'slurmhealth.kernel_log.patterns' not in sys.modules\n"
+        "xid_table.classify(79)\n"
+        "assert xid_table._catalog.cache_info().currsize == 1\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
