@@ -84,27 +84,19 @@ def _catalog() -> _Catalog:
 
 def _xid63(row: XidInfo) -> tuple[XidInfo, XidInfo, XidInfo]:
     """Xid 63: a row remap (or page retirement) was recorded. Harmless on its own; a pending
-    remap only takes effect after a GPU reset, so until then the GPU must not take new jobs."""
-    pending = dataclasses.replace(
-        row,
-        severity=Severity.FAIL,
-        action=Action.DRAIN,
-        hint="row remap pending: drain and reset the GPU (nvidia-smi -r) to activate it "
-        "(nvidia-smi -q -d ROW_REMAPPER)",
-    )
-    done = dataclasses.replace(
-        row,
-        severity=Severity.INFO,
-        action=Action.RECORD,
-        hint="row remap/page retirement recorded, nothing pending: watch the trend "
-        "(nvidia-smi -q -d ROW_REMAPPER)",
-    )
-    unknown = dataclasses.replace(
-        row,
-        severity=Severity.WARN,
-        action=Action.RECORD,
-        hint="row remap state unknown: check nvidia-smi -q -d ROW_REMAPPER for a pending remap",
-    )
+    remap only takes effect after a GPU reset, so until then the GPU must not take new jobs.
+    Returns the verdicts for: remap pending, nothing pending, state unknown."""
+    pending, done, unknown = (
+        dataclasses.replace(row, severity=severity, action=action, hint=hint)
+        for severity, action, hint in (
+            (Severity.FAIL, Action.DRAIN, "row remap pending: drain and reset the GPU "
+             "(nvidia-smi -r) to activate it (nvidia-smi -q -d ROW_REMAPPER)"),
+            (Severity.INFO, Action.RECORD, "row remap/page retirement recorded, nothing "
+             "pending: watch the trend (nvidia-smi -q -d ROW_REMAPPER)"),
+            (Severity.WARN, Action.RECORD, "row remap state unknown: check nvidia-smi -q -d "
+             "ROW_REMAPPER for a pending remap"),
+        )
+    )  # fmt: skip
     return pending, done, unknown
 
 
