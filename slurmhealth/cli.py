@@ -375,12 +375,14 @@ def _register_subcommands() -> None:
     from slurmhealth.cli_evidence import evidence
     from slurmhealth.cli_incident import incident
     from slurmhealth.cli_report import report
+    from slurmhealth.cli_xid import xid
 
     cli.add_command(report)
     cli.add_command(baseline)
     cli.add_command(validate)
     cli.add_command(incident)
     cli.add_command(evidence)
+    cli.add_command(xid)
 
 
 _register_subcommands()

@@ -202,6 +202,37 @@ class XidEvent:
     process_name: str | None = None
     gpu_instance: str | None = None  # MIG "GPU-I:05"
     seq: int | None = None
+    # The driver's own verdict, when the line carries one (newer drivers):
+    contained: bool | None = None  # "Contained: ..." True, "Uncontained: ..." False
+    reset_required: bool | None = None  # "RST: Yes/No"
+    drain_reset_required: bool | None = None  # "D-RST: Yes/No"
+    recovery_action: int | None = None  # Xid 154 "... to 0x2 (Node Reboot Required)"
+    caused_by: int | None = None  # Xid 45 "... caused by previous Xid 149"
+
+
+KERNEL_EVENT_KINDS = ("fallen_off_bus", "gsp_timeout", "init_failed", "sxid", "pcie_aer")
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """A GPU fault in the kernel log that is not an ``NVRM: Xid`` line.
+
+    ``kind`` is one of :data:`KERNEL_EVENT_KINDS`. The GPU is ``pci_bus_id`` (normalised)
+    when the line names one, else ``gpu_number`` (the driver's ``GPU<n>``), else neither
+    (a node-level fault). For ``sxid`` the bus id is the NVSwitch's and ``code`` the SXid;
+    ``level`` is what the line says of itself: ``fatal``, ``non-fatal`` or ``corrected``.
+    """
+
+    kind: str
+    message: str
+    raw: str
+    ts: float | None = None
+    seq: int | None = None
+    pci_bus_id: str | None = None
+    gpu_number: int | None = None
+    code: int | None = None
+    level: str | None = None
+    device: str | None = None  # the kernel driver or device that logged it ("nvidia", ...)
 
 
 def normalize_pci_bus_id(text: str) -> str:

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmhealth.errors import ConfigError
-from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
+from slurmhealth.model import (
+    Action,
+    Finding,
+    GpuState,
+    KernelEvent,
+    NodeSnapshot,
+    Severity,
+    XidEvent,
+)
 
 PHASES = ("check", "prolog", "epilog", "sidecar", "validate")
 
@@ -30,6 +38,7 @@ class CheckContext:
     # counters stored by the previous run: {"ts": float, "gpus": {uuid: {name: value}}}
     previous_counters: Mapping[str, Any] | None = None
     xids: tuple[XidEvent, ...] = ()
+    kernel_events: tuple[KernelEvent, ...] = ()  # kernel-log faults other than Xids
 
 
 CheckFn = Callable[[CheckContext, Mapping[str, float]], list[Finding]]

@@ -195,6 +195,7 @@ def check_node(
         nvlinks_per_model=cfg.gpu.nvlinks_per_model,
         previous_counters=previous,
         xids=log_read.events,
+        kernel_events=log_read.kernel_events,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
     result = CheckResult(

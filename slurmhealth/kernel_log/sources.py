@@ -1,7 +1,7 @@
-"""Read NVIDIA Xid lines from the kernel log (``dmesg | grep 'NVRM: Xid'``).
+"""Read GPU faults from the kernel log: Xid lines and the patterns of :mod:`.patterns`.
 
 An adapter: it reads ``/dev/kmsg``, ``journalctl -k``, ``dmesg`` or a file, remembers where
-it stopped in a JSON-able cursor so an old Xid never fires twice, and never raises on odd
+it stopped in a JSON-able cursor so an old fault never fires twice, and never raises on odd
 input or an unreadable source (it says so in :class:`ReadResult` instead).
 Times are UTC seconds since the epoch; kernel timestamps are microseconds since boot.
 """
@@ -11,126 +11,35 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from slurmhealth.model import XidEvent, normalize_pci_bus_id
+from slurmhealth.kernel_log.parse import might_be_fault, parse_xid, split_line
+from slurmhealth.model import KernelEvent, XidEvent
 
-_XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-f]{1,8}:[0-9a-f]{1,2}:[0-9a-f]{1,2}(?:\.[0-7])?)"
-    r"(?:\s+(?P<gi>GPU-I:[0-9a-z]{1,8})(?:\s+GPU-CI:[0-9a-z]{1,8})?)?\):\s*"
-    r"(?P<xid>[0-9]{1,5})(?![0-9])(?P<rest>.*)",
-    re.ASCII | re.IGNORECASE | re.DOTALL,
-)
-_PID_RE = re.compile(r"pid=(?P<v>'[^']*'|<[^>]*>|[^,\s]*)\s*,?\s*", re.ASCII)
-_NAME_RE = re.compile(r"name=(?P<v>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)", re.ASCII)
-# /dev/kmsg: "prio,seq,usec,flags[,caller=..];text" then " KEY=value" dictionary lines.
-_KMSG_RE = re.compile(r"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20})(?:,[^;]*)?;(.*)", re.DOTALL)
-# dmesg / dmesg --raw: "[12345.678901] text" or "<6>[12345.678901] text".
-_DMESG_RE = re.compile(r"(?:<[0-9]{1,4}>)?\[\s*([0-9]{1,12})\.([0-9]{1,9})\] ?(.*)", re.DOTALL)
-# journalctl -k -o short: "Nov 30 07:00:00 host kernel: text".
-_JOURNAL_RE = re.compile(
-    r"[A-Z][a-z]{2} [ 0-9][0-9] [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)? \S+ kernel: (.*)",
-    re.DOTALL,
-)
-_DICT_RE = re.compile(r"[ \t]+[A-Z_][A-Z0-9_]*=")
 _XID_MARK = "NVRM: Xid ("
 _MAX_LINE = 65536
 _SUBPROCESS_MIN_S = 0.5
-
-
-def _unquote(value: str) -> str | None:
-    v = value.strip().strip("'\"")
-    return None if v in ("", "<unknown>") else v
-
-
-def parse_xid(text: str, *, seq: int | None = None, ts: float | None = None) -> XidEvent | None:
-    """Parse one ``NVRM: Xid (...)`` kernel-log line; ``None`` for anything else, never raises.
-
-    Understands ``NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python3, <message>``, the
-    older forms without pid/name or without ``PCI:``, and MIG's ``(PCI:.. GPU-I:05 GPU-CI:01)``.
-    """
-    try:
-        m = _XID_RE.search(text)
-        if m is None:
-            return None
-        bus = normalize_pci_bus_id(m["bus"])
-        rest = m["rest"].lstrip(" \t,")
-        pid: int | None = None
-        name: str | None = None
-        pm = _PID_RE.match(rest)
-        if pm is not None:
-            p = _unquote(pm["v"])
-            pid = int(p) if p is not None and p.isascii() and p.isdigit() else None
-            rest = rest[pm.end() :]
-            nm = _NAME_RE.match(rest)
-            if nm is not None:
-                name = _unquote(nm["v"])
-                rest = rest[nm.end() :]
-        return XidEvent(
-            xid=int(m["xid"]),
-            pci_bus_id=bus,
-            message=rest.strip(),
-            raw=text.rstrip("\r\n"),
-            ts=ts,
-            pid=pid,
-            process_name=name,
-            gpu_instance=m["gi"].upper() if m["gi"] else None,
-            seq=seq,
-        )
-    except (ValueError, TypeError):
-        return None
-
-
-def parse_line(line: str) -> tuple[int | None, int | None, str]:
-    """Split one log line into ``(kmsg seq, usec since boot, message text)``, never raises.
-
-    Forms: ``/dev/kmsg`` records (``6,1234,5678901,-;text``), ``dmesg`` (``[12.345678] text``,
-    also ``dmesg --raw``), ``journalctl -k`` short lines and plain text. kmsg dictionary
-    lines (`` KEY=value``) give empty text. Unknown parts are ``None``.
-    """
-    line = line.rstrip("\r\n")
-    if _DICT_RE.match(line):
-        return None, None, ""
-    m = _KMSG_RE.fullmatch(line)
-    if m is not None:
-        return int(m[2]), int(m[3]), m[4]
-    jm = _JOURNAL_RE.fullmatch(line)
-    if jm is not None:
-        line = jm[1]
-    dm = _DMESG_RE.fullmatch(line)
-    if dm is not None:
-        return None, int(dm[1]) * 1_000_000 + int(dm[2].ljust(6, "0")[:6]), dm[3]
-    return None, None, line
-
-
-def format_kmsg_record(seq: int, usec: int, text: str, prio: int = 3) -> str:
-    """Return ``text`` as one ``/dev/kmsg`` record line, without the trailing newline.
-
-    ``usec`` is microseconds since boot; newlines in ``text`` are escaped as the kernel does.
-    """
-    if seq < 0 or usec < 0 or not 0 <= prio <= 191:
-        raise ValueError(f"bad kmsg record fields: seq={seq} usec={usec} prio={prio}")
-    body = text.replace("\\", "\\x5c").replace("\n", "\\x0a").replace("\r", "\\x0d")
-    return f"{prio},{seq},{usec},-;{body}"
 
 
 @dataclass(frozen=True)
 class ReadResult:
     """What one :meth:`KernelLogReader.read_new` call found.
 
-    ``cursor`` is JSON-able; pass it to the next call. ``available`` is False when the source
-    could not be read at all (then ``cursor`` is the one passed in). ``error`` is one line:
-    why the source is unavailable, or that the read was partial (capped).
+    ``events`` are the Xids, ``kernel_events`` the other GPU faults (fallen off the bus
+    without an Xid, GSP timeouts, init failures, SXids, PCIe AER). ``cursor`` is JSON-able;
+    pass it to the next call. ``available`` is False when the source could not be read at
+    all (then ``cursor`` is the one passed in). ``error`` is one line: why the source is
+    unavailable, or that the read was partial (capped).
     """
 
     events: tuple[XidEvent, ...]
     cursor: dict[str, Any]
     available: bool
     error: str | None = None
+    kernel_events: tuple[KernelEvent, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -152,6 +61,15 @@ class _Scan:
 
 class _Unavailable(Exception):
     """The source cannot be read; the message becomes ``ReadResult.error``."""
+
+
+def _kernel_events(recs: list[_Record], xids: tuple[XidEvent, ...]) -> tuple[KernelEvent, ...]:
+    """The non-Xid faults in ``recs``; the pattern module loads only when a line needs it."""
+    from slurmhealth.kernel_log.patterns import EventJoiner, resolve_gpu_numbers
+
+    joiner = EventJoiner()
+    events = [e for r in recs for e in joiner.feed(r.text, seq=r.seq, ts=r.ts)]
+    return tuple(resolve_gpu_numbers(events, xids))
 
 
 def _ts(boot: float | None, usec: int | None) -> float | None:
@@ -232,7 +150,7 @@ class KernelLogReader:
                 n += 1
                 scan.cursor = rec.mark
                 any_time = any_time or rec.ts is not None
-                if _XID_MARK in rec.text:
+                if might_be_fault(rec.text):
                     candidates.append(rec)
                 if n >= self.max_records:
                     scan.error = f"partial read: stopped after {n} records (max_records)"
@@ -241,14 +159,15 @@ class KernelLogReader:
                 scan.error = f"partial read: {self.budget_s:g} s budget spent after {n} records"
                 break
         cutoff = now - self.lookback_s
-        events = []
-        for rec in candidates:
-            if scan.first and (any_time if rec.ts is None else rec.ts < cutoff):
-                continue  # first read: only recent records (untimed ones if nothing has times)
-            ev = parse_xid(rec.text, seq=rec.seq, ts=rec.ts)
-            if ev is not None:
-                events.append(ev)
-        return ReadResult(tuple(events), scan.cursor, True, scan.error)
+        if scan.first:  # first read: only recent records (untimed ones if nothing has times)
+            candidates = [
+                r for r in candidates if not (any_time if r.ts is None else r.ts < cutoff)
+            ]
+        xids = [parse_xid(r.text, seq=r.seq, ts=r.ts) for r in candidates if _XID_MARK in r.text]
+        found = tuple(x for x in xids if x is not None)
+        rest = [r for r in candidates if _XID_MARK not in r.text]
+        kernel = _kernel_events(rest, found) if rest else ()
+        return ReadResult(found, scan.cursor, True, scan.error, kernel)
 
     def _boot(self, now: float) -> float | None:
         """Boot time in UTC seconds: ``boot_time`` if given, else now - /proc/uptime."""
@@ -281,7 +200,8 @@ class KernelLogReader:
             if not chunk:
                 return
             for raw in chunk.decode("utf-8", "replace").split("\n"):
-                seq, usec, text = parse_line(raw)
+                parts = split_line(raw)
+                seq, usec, text = parts.seq, parts.usec, parts.text
                 if seq is None:
                     continue  # dictionary lines
                 if seq <= last:
@@ -318,10 +238,11 @@ class KernelLogReader:
                 return  # end of file, or a line still being written
             off += len(raw)
             line += 1
-            rseq, usec, text = parse_line(raw.decode("utf-8", "replace"))
-            seq = rseq if rseq is not None else seq
+            parts = split_line(raw.decode("utf-8", "replace"), now=now)
+            seq = parts.seq if parts.seq is not None else seq
             mark = {**ident, "offset": off, "line": line, "seq": seq}
-            yield _Record(text, _ts(boot, usec), rseq, mark)
+            ts = parts.wall if parts.wall is not None else _ts(boot, parts.usec)
+            yield _Record(parts.text, ts, parts.seq, mark)
 
     def _run(self, argv: list[str], deadline: float, scan: _Scan) -> tuple[int, str, str]:
         """Run ``argv`` under the budget; return (rc, stdout, first stderr line)."""
@@ -391,10 +312,15 @@ class KernelLogReader:
             last, n_at = -1, 0
         scan.cursor = {"source": "dmesg", "boot_id": boot_id, "usec": last, "n_at": n_at}
         seen_at_last, cur_usec, cur_n, boot = 0, last, n_at, self._boot(now)
+        prev: _Record | None = None  # the last new record: continuation lines belong to it
         for line in out.splitlines():
-            _, usec, text = parse_line(line)
-            if usec is None:
-                continue  # continuation lines of multi-line messages
+            parts = split_line(line)
+            usec = parts.usec
+            if usec is None:  # a continuation line of a multi-line message
+                if prev is not None:
+                    yield _Record(parts.text.strip(), prev.ts, None, prev.mark)
+                continue
+            prev = None
             if usec == last:
                 seen_at_last += 1
             if usec < last or (usec == last and seen_at_last <= n_at):
@@ -403,4 +329,5 @@ class KernelLogReader:
             cur_n = cur_n + 1 if usec == cur_usec else 1
             cur_usec = usec
             mark = {"source": "dmesg", "boot_id": boot_id, "usec": usec, "n_at": cur_n}
-            yield _Record(text, _ts(boot, usec), None, mark)
+            prev = _Record(parts.text, _ts(boot, usec), None, mark)
+            yield prev

@@ -1,0 +1,24 @@
+"""`slurmhealth xid N`: what one NVIDIA Xid means and what to do (rendering only)."""
+
+from __future__ import annotations
+
+import click
+
+from slurmhealth.errors import UsageError
+
+
+@click.command("xid")
+@click.argument("number")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def xid(number: str, as_json: bool) -> None:
+    """Explain Xid NUMBER: its catalog name, immediate action, verdict and hint."""
+    from slurmhealth import render
+    from slurmhealth.checks.xid_table import explain
+
+    if not (number.isascii() and number.isdigit() and len(number) <= 5):
+        raise UsageError(f"xid: {number!r} is not an Xid number (0-99999)")
+    info = explain(int(number))
+    if as_json:
+        render.print_json(info)
+        return
+    render.table(f"Xid {int(number)}", ["field", "value"], [(k, v) for k, v in info.items()])
