@@ -130,8 +130,8 @@ def run_check(
     scenario, NVML that cannot start), never for a broken history."""
     from slurmhealth.checks import CheckContext, run_checks, validate_settings
     from slurmhealth.gpu import open_backend
+    from slurmhealth.history import Batch, History, rows
     from slurmhealth.kernel_log import KernelLogReader
-    from slurmhealth.store import Batch, History
 
     t0 = time.monotonic()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
@@ -182,8 +182,8 @@ def run_check(
         notes=tuple(notes),
     )
     batch = Batch(
-        inserts=[("check_runs", _run_row(result, cfg))]
-        + [("findings", _finding_row(result, f)) for f in findings],
+        inserts=[("check_runs", rows.check_run_row(result, cfg.gpu.backend))]
+        + [("findings", rows.finding_row(result, f)) for f in findings],
         upserts=[("jobs", job_row, "job_id")] if job_row else [],
         kv={
             COUNTERS_KEY: _merge_counters(previous, snapshot),
@@ -196,37 +196,3 @@ def run_check(
     if not recorded:
         return dataclasses.replace(result, recorded=False)
     return result
-
-
-def _run_row(result: CheckResult, cfg: Config) -> dict[str, Any]:
-    return {
-        "run_id": result.run_id,
-        "ts": result.snapshot.ts,
-        "node": result.node,
-        "job_id": result.job_id,
-        "phase": result.phase,
-        "gpus": [g.index for g in result.snapshot.gpus],
-        "status": result.status,
-        "exit_code": result.exit_code,
-        "duration_s": result.duration_s,
-        "backend": cfg.gpu.backend,
-        "error": result.snapshot.error,
-    }
-
-
-def _finding_row(result: CheckResult, f: Finding) -> dict[str, Any]:
-    return {
-        "run_id": result.run_id,
-        "ts": result.snapshot.ts,
-        "node": result.node,
-        "job_id": result.job_id,
-        "check_name": f.check,
-        "severity": f.severity.label,
-        "severity_value": int(f.severity),
-        "gpu": f.gpu,
-        "uuid": f.uuid,
-        "message": f.message,
-        "action": f.action.value,
-        "hint": f.hint,
-        "evidence": dict(f.evidence),
-    }

@@ -41,19 +41,9 @@ class Job:
 
     def row(self, **extra: Any) -> dict[str, Any]:
         """The ``jobs`` table row (None values never overwrite what is stored)."""
-        return {
-            "job_id": self.job_id,
-            "node": self.node,
-            "user": self.user or None,
-            "uid": self.uid,
-            "account": self.account or None,
-            "partition": self.partition or None,
-            "qos": self.qos or None,
-            "priority": self.priority,
-            "nodes": self.nodes or None,
-            "gpus": list(self.gpus),
-            **extra,
-        }
+        from slurmhealth.history.rows import job_row
+
+        return job_row(self, **extra)
 
 
 def parse_gpu_list(text: str) -> tuple[int, ...]:

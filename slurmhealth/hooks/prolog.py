@@ -45,7 +45,7 @@ def _record(
     inserts: list[tuple[str, dict[str, Any]]],
     job_row: dict[str, Any] | None = None,
 ) -> None:
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History
 
     history = History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None)
     history.write(Batch(inserts=inserts, upserts=[("jobs", job_row, "job_id")] if job_row else []))
@@ -163,22 +163,13 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
 
 
 def _job_had_events(cfg: Config, job: Job) -> bool:
-    import sqlite3
-
-    from slurmhealth.report.collect import connect
+    from slurmhealth.history import Reader, StoreError, job_had_events
 
     try:
-        conn = connect(cfg.db_path(job.node))
-        try:
-            row = conn.execute(
-                "select count(*) from events where job_id = ? and severity != 'info'",
-                (job.job_id,),
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with Reader(cfg.db_path(job.node)) as db:
+            return job_had_events(db, job.job_id)
+    except StoreError:
         return False
-    return bool(row and row[0])
 
 
 def _evidence(

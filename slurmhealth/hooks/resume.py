@@ -50,18 +50,15 @@ def passing_validation(
 
 
 def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
-    from slurmhealth.errors import StoreError
-    from slurmhealth.store import History
+    from slurmhealth.history import History, StoreError, check_runs, drain_rows
 
     path = cfg.db_path(node)
     if not os.path.exists(path):
         return False
     try:
         with History(path) as db:
-            drains = db.table_rows("drains", "node = ? and state = 'drained'", [node])
-            since = drained_since(reason_time, drains)
-            where, params = "node = ? and phase = 'validate'", [node]
-            runs = db.table_rows("check_runs", where, params, "ts DESC", 50)
+            since = drained_since(reason_time, drain_rows(db, node=node, state="drained"))
+            runs = check_runs(db, node=node, phase="validate", limit=50)
     except StoreError:
         return False
     return passing_validation(runs, since) is not None
@@ -70,7 +67,7 @@ def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
 def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> ResumeOutcome:
     """Resume ``node`` if its current reason is slurmhealth's; someone else's needs --force.
     Every resume (and every refusal) is recorded in the node's history."""
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History, rows
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     info = next((n for n in slurm.nodes() if n.name == node), None)
@@ -84,28 +81,15 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
     if not refused:
         slurm.resume(node)
     history = History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None)
-    history.write(
-        Batch(
-            inserts=[
-                (
-                    "drains",
-                    {
-                        "ts": time.time(),
-                        "node": node,
-                        "state": "resume_refused" if refused else "resumed",
-                        "reason": reason,
-                        "actor": _actor(),
-                        "detail": {
-                            "previous_reason": info.reason,
-                            "previous_by": info.reason_user,
-                            "forced": forced,
-                            "validated": info.ours and not unvalidated,
-                        },
-                    },
-                )
-            ]
-        )
-    )
+    detail = {
+        "previous_reason": info.reason,
+        "previous_by": info.reason_user,
+        "forced": forced,
+        "validated": info.ours and not unvalidated,
+    }
+    state = "resume_refused" if refused else "resumed"
+    row = rows.drain_row(time.time(), node, state, reason, _actor(), detail)
+    history.write(Batch(inserts=[("drains", row)]))
     history.close()
     if refused and info.ours:
         return ResumeOutcome(
@@ -129,7 +113,7 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
 
 def node_overview(cfg: Config) -> list[dict[str, Any]]:
     """Slurm's view of every node next to the last check in that node's history."""
-    from slurmhealth.store import History
+    from slurmhealth.history import History, runs
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     rows = []
@@ -147,7 +131,7 @@ def node_overview(cfg: Config) -> list[dict[str, Any]]:
         path = cfg.db_path(n.name)
         if ("{node}" in cfg.paths.db or n.name == cfg.node_name) and os.path.exists(path):
             with History(path) as db:
-                last = db.runs(node=n.name, limit=1)
+                last = runs(db, node=n.name, limit=1)
             if last:
                 run = last[0]
                 worst = run["findings"][0] if run["findings"] else None
