@@ -171,7 +171,7 @@ def history(
     """Show recorded check runs and their findings, newest first."""
     from slurmhealth import render
     from slurmhealth.history import History
-    from slurmhealth.history import runs as history_runs
+    from slurmhealth.history.read import runs as history_runs
 
     cfg = ctx.config()
     start = parse_since(since, time.time())
@@ -291,7 +291,8 @@ def sidecar(ctx: Ctx, job_id: str, gpus: str | None, interval: float | None) -> 
 def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
     """Drains, suppressed drains and resumes recorded by slurmhealth, newest first."""
     from slurmhealth import render
-    from slurmhealth.history import History, drain_rows
+    from slurmhealth.history import History
+    from slurmhealth.history.read import drain_rows
 
     cfg = ctx.config()
     rows = []
@@ -321,7 +322,7 @@ def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
 
 
 def _history_paths(cfg: Any, node: str | None) -> list[str]:
-    from slurmhealth.history import history_paths
+    from slurmhealth.history.read import history_paths
 
     return history_paths(cfg, [node] if node else ())
 

@@ -26,7 +26,7 @@ def _config() -> Any:
 
 def _job_row(cfg: Any, job_id: str, node: str) -> dict[str, Any]:
     """The history's ``jobs`` row for the job ({} when there is none)."""
-    from slurmhealth.history import Reader, StoreError, job_row
+    from slurmhealth.history.read import Reader, StoreError, job_row
 
     path = cfg.db_path(node)
     if not os.path.exists(path):

@@ -12,7 +12,7 @@ from slurmhealth import render
 
 def _job_context(cfg: Any, job_id: str) -> dict[str, set[Any]]:
     """Nodes, GPUs, Xids and checks of the job, from every history this node can read."""
-    from slurmhealth.history import Reader, StoreError, history_paths, incident_rows
+    from slurmhealth.history.read import Reader, StoreError, history_paths, incident_rows
     from slurmhealth.report import incidents
 
     ctx: dict[str, set[Any]] = {"nodes": set(), "gpus": set(), "xids": set(), "checks": set()}

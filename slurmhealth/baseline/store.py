@@ -33,7 +33,8 @@ def ingest(
 ) -> int:
     """Record one ``baselines`` row per measurement in ``node``'s history, in one batch.
     Returns the number of rows (written, or spooled when the database is unwritable)."""
-    from slurmhealth.history import History, add_baselines
+    from slurmhealth.history import History
+    from slurmhealth.history.baselines import add_baselines
 
     now = time.time() if ts is None else ts
     with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
@@ -48,7 +49,7 @@ def rows(
     metric: str | None = None,
 ) -> list[dict[str, Any]]:
     """Baseline rows of every reachable history (``history_paths``), oldest first."""
-    from slurmhealth.history import Reader, baseline_rows, history_paths
+    from slurmhealth.history.read import Reader, baseline_rows, history_paths
 
     out: list[dict[str, Any]] = []
     for path in history_paths(cfg, [node] if node else []):

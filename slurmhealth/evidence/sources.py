@@ -161,7 +161,7 @@ def history_rows(
 ) -> None:
     """The job's rows of ``table`` as JSON lines, oldest first; when over the cap the newest
     rows are kept (the end of a job is what explains its death)."""
-    from slurmhealth.history import Reader, job_node_rows
+    from slurmhealth.history.read import Reader, job_node_rows
 
     if not os.path.exists(db_path):
         sink.fail(f"no history at {db_path}")

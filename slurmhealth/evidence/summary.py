@@ -60,7 +60,7 @@ def node_summary(
     """The node's facts about the job (empty when its history cannot be read) and the
     job's uid from the history's ``jobs`` row."""
     from slurmhealth.diagnose.facts import NodeFacts
-    from slurmhealth.history import Reader, StoreError, owner_uid
+    from slurmhealth.history.read import Reader, StoreError, owner_uid
     from slurmhealth.report import collect
 
     path = cfg.db_path(node)

@@ -163,7 +163,7 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
 
 
 def _job_had_events(cfg: Config, job: Job) -> bool:
-    from slurmhealth.history import Reader, StoreError, job_had_events
+    from slurmhealth.history.read import Reader, StoreError, job_had_events
 
     try:
         with Reader(cfg.db_path(job.node)) as db:

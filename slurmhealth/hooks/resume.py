@@ -50,7 +50,8 @@ def passing_validation(
 
 
 def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
-    from slurmhealth.history import History, StoreError, check_runs, drain_rows
+    from slurmhealth.history import History, StoreError
+    from slurmhealth.history.read import check_runs, drain_rows
 
     path = cfg.db_path(node)
     if not os.path.exists(path):
@@ -113,7 +114,8 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
 
 def node_overview(cfg: Config) -> list[dict[str, Any]]:
     """Slurm's view of every node next to the last check in that node's history."""
-    from slurmhealth.history import History, runs
+    from slurmhealth.history import History
+    from slurmhealth.history.read import runs
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     rows = []

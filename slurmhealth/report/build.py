@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmhealth import history
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import UsageError
+from slurmhealth.history import read
 from slurmhealth.report import sources as src
 from slurmhealth.report.incidents import Incident
 from slurmhealth.report.sources import NodeEvidence, PastIncident
@@ -144,7 +144,7 @@ def build_report(
     summaries = src.summaries(cfg, job_id)
     job, owner, dbs = src.scan(cfg, job_id, summaries)
     try:
-        where = [d.path for d in dbs] or history.history_paths(cfg)
+        where = [d.path for d in dbs] or read.history_paths(cfg)
         where = where or [f"{cfg.db_path()} (missing)"]
         where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
         if job is None and not summaries and not any(d.nodes for d in dbs):

@@ -13,10 +13,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurmhealth import history
 from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
-from slurmhealth.history import Source
-from slurmhealth.history.samples import Series
+from slurmhealth.history import read
+from slurmhealth.history.read import Series, Source
 
 HW_THROTTLE = {0x8: "hw_slowdown", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x20: "sw_thermal"}
 MAX_SERIES = 300  # points per GPU kept for plots
@@ -42,7 +41,7 @@ def expand_hostlist(text: str) -> tuple[str, ...]:
 
 def job_facts(db: Source, job_id: str) -> JobFacts | None:
     """The job's ``jobs`` row in ``db`` as facts, or None."""
-    r = history.job_row(db, job_id)
+    r = read.job_row(db, job_id)
     if r is None:
         return None
     return JobFacts(
@@ -76,7 +75,7 @@ def _gpu_stats(db: Source, job_id: str, node: str) -> tuple[GpuStats, ...]:
     not do well: p5, swings, throttle time and the plot series (a day of 10 s samples of
     8 GPUs in ~0.15 s)."""
     out = []
-    for agg, rows in history.gpu_samples(db, job_id, node):
+    for agg, rows in read.gpu_samples(db, job_id, node):
         util = [r[1] for r in rows if r[1] is not None]
         out.append(GpuStats(**agg, **_series_stats(rows, util)))
     return tuple(out)
@@ -109,7 +108,7 @@ def _series_stats(rows: Series, util: Sequence[float]) -> dict[str, Any]:
 
 
 def _task(db: Source, job_id: str, node: str) -> TaskFacts | None:
-    tasks = [m for m in history.task_metrics(db, job_id, node) if isinstance(m, dict)]
+    tasks = [m for m in read.task_metrics(db, job_id, node) if isinstance(m, dict)]
     tasks = [t for t in tasks if t.get("kind") == "task"]
     if not tasks:
         return None
@@ -133,7 +132,7 @@ def node_facts(
     """Everything this node's history holds about the job."""
 
     def rows(table: str) -> tuple[dict[str, Any], ...]:
-        return tuple(history.job_node_rows(db, table, job_id, node))
+        return tuple(read.job_node_rows(db, table, job_id, node))
 
     return NodeFacts(
         node=node,

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmhealth import history
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+from slurmhealth.history import read
 from slurmhealth.report.collect import job_facts, node_facts
 
 MAX_INCIDENTS = 10
@@ -47,7 +47,7 @@ class PastIncident:
 @dataclass
 class OpenHistory:
     path: str
-    db: history.Reader
+    db: read.Reader
     nodes: list[str]  # nodes whose rows about the job this history holds
 
 
@@ -95,10 +95,10 @@ def summaries(cfg: Config, job_id: str) -> dict[str, tuple[str, dict[str, Any]]]
     return out
 
 
-def _owner(db: history.Reader, job_id: str) -> int | None:
+def _owner(db: read.Reader, job_id: str) -> int | None:
     try:
-        return history.owner_uid(db, job_id)
-    except history.StoreError:
+        return read.owner_uid(db, job_id)
+    except read.StoreError:
         return None
 
 
@@ -111,20 +111,20 @@ def scan(
     job: JobFacts | None = None
     owner: int | None = None
     dbs: list[OpenHistory] = []
-    paths = history.history_paths(cfg)
+    paths = read.history_paths(cfg)
     for _ in range(2):
         for path in paths:
-            if any(d.path == path for d in dbs) or (db := history.open_reader(path)) is None:
+            if any(d.path == path for d in dbs) or (db := read.open_reader(path)) is None:
                 continue
             try:
-                nodes, row = history.nodes_of_job(db, job_id), job_facts(db, job_id)
-            except history.StoreError:
+                nodes, row = read.nodes_of_job(db, job_id), job_facts(db, job_id)
+            except read.StoreError:
                 db.close()
                 continue
             dbs.append(OpenHistory(path, db, nodes))
             job = job if row is None else merge_job(job, row)
             owner = owner if owner is not None else _owner(db, job_id)
-        more = history.history_paths(cfg, (*(job.nodes if job else ()), *found))
+        more = read.history_paths(cfg, (*(job.nodes if job else ()), *found))
         if set(more) <= set(paths):
             break
         paths = more
@@ -160,7 +160,7 @@ def read_nodes(
     nodes, sources, evidence = [], [], []
     for node, source, path, nf in chosen:
         if nf is None:
-            with history.Reader(path) as db:
+            with read.Reader(path) as db:
                 nf = node_facts(db, job.job_id, node)
         nodes.append(nf)
         sources.append((node, source, path))
@@ -175,15 +175,15 @@ def _node_summary(found: Summaries, node: str) -> NodeFacts | None:
         return None
 
 
-def _unchanged(db: history.Reader, job_id: str, node: str, nf: NodeFacts) -> bool:
+def _unchanged(db: read.Reader, job_id: str, node: str, nf: NodeFacts) -> bool:
     """Whether the summary was built from exactly the rows the history holds now (rows are
     only ever appended), so its aggregates can stand in for a day of samples."""
     mine = {"check_runs": len(nf.runs), "findings": len(nf.findings), "events": len(nf.events),
             "drains": len(nf.drains), "evidence": len(nf.evidence),
             "samples": sum(g.samples for g in nf.gpus)}  # fmt: skip
     try:
-        return history.job_row_counts(db, job_id, node) == mine
-    except history.StoreError:
+        return read.job_row_counts(db, job_id, node) == mine
+    except read.StoreError:
         return False
 
 
@@ -244,8 +244,8 @@ def past_incidents(dbs: list[OpenHistory], job_id: str, facts: Facts) -> list[Pa
         return []
     found: dict[tuple[Any, ...], PastIncident] = {}
     for d in dbs:
-        with contextlib.suppress(history.StoreError):
-            for r in history.past_incident_rows(d.db, job_id, pairs, xids):
+        with contextlib.suppress(read.StoreError):
+            for r in read.past_incident_rows(d.db, job_id, pairs, xids):
                 inc = PastIncident(r["job_id"], float(r["ts"]), r["node"], r["gpu"],
                                    f"{r['what']}: {r['message']}",
                                    str(r["severity"] or "info"))  # fmt: skip

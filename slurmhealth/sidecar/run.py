@@ -155,7 +155,8 @@ class Sidecar:
     # -- loop --------------------------------------------------------------------------
     def run(self) -> int:
         from slurmhealth.gpu import open_backend
-        from slurmhealth.history import History, drain_rows
+        from slurmhealth.history import History
+        from slurmhealth.history.read import drain_rows
         from slurmhealth.kernel_log import KernelLogReader
         from slurmhealth.sidecar.detectors import Detectors
         from slurmhealth.sidecar.task import TaskReader, peak_flops

@@ -25,7 +25,8 @@ from slurmhealth.diagnose.facts import NodeFacts
 from slurmhealth.errors import UsageError
 from slurmhealth.evidence import capture, list_bundles, prune, read_manifest, write_summary
 from slurmhealth.evidence.sources import find_py_spy
-from slurmhealth.history import Batch, History, job_node_rows
+from slurmhealth.history import Batch, History
+from slurmhealth.history.read import job_node_rows
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 JOB, NODE, UID = "77", "n1", 4242

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth import history
 from slurmhealth.errors import StoreError
-from slurmhealth.history import Batch, History, Reader
+from slurmhealth.history import Batch, History, read
+from slurmhealth.history.baselines import add_baselines
+from slurmhealth.history.read import Reader
 from tests.unit.history.helpers import query, run_batch
 
 JOB = "42"
@@ -51,12 +52,12 @@ def db(tmp_path: Path) -> Path:
 
 def test_job_rows_come_back_decoded_in_time_order(db: Path) -> None:
     with Reader(db) as r:
-        events = list(history.job_node_rows(r, "events", JOB, "n1"))
-        newest = list(history.job_node_rows(r, "events", JOB, "n1", newest_first=True))
-        drains = list(history.job_node_rows(r, "drains", JOB, "n1"))
-        job = history.job_row(r, JOB)
+        events = list(read.job_node_rows(r, "events", JOB, "n1"))
+        newest = list(read.job_node_rows(r, "events", JOB, "n1", newest_first=True))
+        drains = list(read.job_node_rows(r, "drains", JOB, "n1"))
+        job = read.job_row(r, JOB)
         with pytest.raises(ValueError, match="not a table of job rows"):
-            list(history.job_node_rows(r, "kv", JOB, "n1"))
+            list(read.job_node_rows(r, "kv", JOB, "n1"))
     assert [e["ts"] for e in events] == [20.0, 30.0]  # n2's and job 7's rows are not here
     assert [e["ts"] for e in newest] == [30.0, 20.0]
     assert events[1]["evidence"] == {"xid": 79}
@@ -68,13 +69,13 @@ def test_job_rows_come_back_decoded_in_time_order(db: Path) -> None:
 
 def test_job_level_questions(db: Path) -> None:
     with Reader(db) as r:
-        assert history.nodes_of_job(r, JOB) == ["n1", "n2"]
-        assert history.owner_uid(r, JOB) == 1234
-        assert history.owner_uid(r, "7") is None  # no jobs row
-        assert history.job_had_events(r, JOB)
-        assert not history.job_had_events(r, "99")
-        counts = history.job_row_counts(r, JOB, "n1")
-        rows = history.incident_rows(r, JOB)
+        assert read.nodes_of_job(r, JOB) == ["n1", "n2"]
+        assert read.owner_uid(r, JOB) == 1234
+        assert read.owner_uid(r, "7") is None  # no jobs row
+        assert read.job_had_events(r, JOB)
+        assert not read.job_had_events(r, "99")
+        counts = read.job_row_counts(r, JOB, "n1")
+        rows = read.incident_rows(r, JOB)
     assert counts == {
         "check_runs": 1,
         "findings": 1,
@@ -92,13 +93,13 @@ def test_only_info_events_do_not_count_as_events(tmp_path: Path) -> None:
     path = tmp_path / "h.db"
     with History(path) as h:
         h.write(Batch(inserts=[_row("events", 1.0, kind="throttle", severity="info", message="")]))
-        assert not history.job_had_events(h, JOB)
+        assert not read.job_had_events(h, JOB)
 
 
 def test_past_incidents_are_other_jobs_on_the_same_gpu_or_xid(db: Path) -> None:
     with Reader(db) as r:
-        past = history.past_incident_rows(r, JOB, {("n1", 1)}, {79})
-        none = history.past_incident_rows(r, JOB, set(), set())
+        past = read.past_incident_rows(r, JOB, {("n1", 1)}, {79})
+        none = read.past_incident_rows(r, JOB, set(), set())
     assert [(p["job_id"], p["what"], p["node"], p["gpu"]) for p in past] == [
         ("8", "xid", "n9", 2), ("7", "ecc", "n1", 1)]  # fmt: skip
     assert none == []
@@ -108,11 +109,11 @@ def test_runs_drains_and_check_runs_are_newest_first_and_filtered(db: Path) -> N
     with History(db) as h:
         h.write(Batch(inserts=[("check_runs", {"run_id": "v1", "ts": 60.0, "node": "n1",
                                                "phase": "validate", "status": "ok"})]))  # fmt: skip
-        [run] = history.runs(h, job=JOB)
-        drains = history.drain_rows(h, node="n1")
-        drained = history.drain_rows(h, state="drained")
-        validate = history.check_runs(h, node="n1", phase="validate")
-        latest = history.check_runs(h, limit=1)
+        [run] = read.runs(h, job=JOB)
+        drains = read.drain_rows(h, node="n1")
+        drained = read.drain_rows(h, state="drained")
+        validate = read.check_runs(h, node="n1", phase="validate")
+        latest = read.check_runs(h, limit=1)
     assert run["run_id"] == "r1" and run["gpus"] == [0, 1]
     assert run["findings"][0]["evidence"] == {"xid": 79}
     assert [d["state"] for d in drains] == ["resumed", "drained"]
@@ -122,8 +123,8 @@ def test_runs_drains_and_check_runs_are_newest_first_and_filtered(db: Path) -> N
 
 def test_gpu_samples_and_task_metrics(db: Path) -> None:
     with Reader(db) as r:
-        [(agg, series)] = history.gpu_samples(r, JOB, "n1")
-        tasks = history.task_metrics(r, JOB, "n1")
+        [(agg, series)] = read.gpu_samples(r, JOB, "n1")
+        tasks = read.task_metrics(r, JOB, "n1")
     assert agg["gpu"] == 0 and agg["uuid"] == "GPU-0" and agg["samples"] == 2
     assert agg["util_mean"] == 60.0 and agg["nvlink_errors_delta"] == 4
     assert series == [(11.0, 50.0, 300.0, 0), (21.0, 70.0, 320.0, 0x40)]
@@ -133,14 +134,14 @@ def test_gpu_samples_and_task_metrics(db: Path) -> None:
 def test_reader_never_creates_a_file_and_reports_one_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope.db"
     with Reader(missing) as r, pytest.raises(StoreError, match=r"nope\.db"):
-        history.job_row(r, JOB)
+        read.job_row(r, JOB)
     assert not missing.exists()
-    assert history.open_reader(str(missing)) is None
+    assert read.open_reader(str(missing)) is None
     junk = tmp_path / "junk.db"
     junk.write_bytes(b"not a database" * 100)
-    assert history.open_reader(str(junk)) is None
+    assert read.open_reader(str(junk)) is None
     with Reader(junk) as r, pytest.raises(StoreError):
-        history.runs(r)
+        read.runs(r)
 
 
 def test_baseline_rows_written_and_read_back(tmp_path: Path) -> None:
@@ -150,16 +151,16 @@ def test_baseline_rows_written_and_read_back(tmp_path: Path) -> None:
 
     path = tmp_path / "h.db"
     with History(path) as h:
-        n = history.add_baselines(h, "nccl", [M("busbw", 180.0), M("algbw", 90.0)], ts=1.0,
+        n = add_baselines(h, "nccl", [M("busbw", 180.0), M("algbw", 90.0)], ts=1.0,
                                   node="n1", gpu_model="H100", label="", source=None)  # fmt: skip
-        assert history.add_baselines(h, "nccl", [], ts=2.0, node="n1", gpu_model=None,
+        assert add_baselines(h, "nccl", [], ts=2.0, node="n1", gpu_model=None,
                                      label=None, source=None) == 0  # fmt: skip
     with Reader(path) as r:
-        rows = history.baseline_rows(r, kind="nccl")
-        assert [x["metric"] for x in history.baseline_rows(r, metric="algbw")] == ["algbw"]
+        rows = read.baseline_rows(r, kind="nccl")
+        assert [x["metric"] for x in read.baseline_rows(r, metric="algbw")] == ["algbw"]
     assert n == 2 and [(x["metric"], x["value"], x["label"]) for x in rows] == [
         ("busbw", 180.0, None), ("algbw", 90.0, None)]  # fmt: skip
     old = tmp_path / "old.db"
     query(old, "CREATE TABLE jobs (job_id TEXT)")  # a history from before the baselines table
     with Reader(old) as r:
-        assert history.baseline_rows(r) == []
+        assert read.baseline_rows(r) == []

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.errors import StoreError
-from slurmhealth.history import History, runs
+from slurmhealth.history import History
+from slurmhealth.history.read import runs
 from tests.unit.history.helpers import query, run_batch, spooled_run_ids, start_writers
 
 

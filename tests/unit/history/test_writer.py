@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth.history import COLUMNS, Batch, History, job_row, migration, runs
+from slurmhealth.history import COLUMNS, Batch, History, migration
+from slurmhealth.history.read import job_row, runs
 from tests.unit.history.helpers import REPO, query, run_batch, run_writers
 
 
