@@ -16,8 +16,14 @@ from slurmhealth.history.reader import Source, dicts, reading, where_clause
 JOB_TABLES = ("check_runs", "findings", "events", "drains", "evidence", "samples")
 
 
-def _limit(limit: int | None) -> str:
-    return "" if limit is None else f" limit {int(limit)}"
+def _newest(
+    db: Source, table: str, filters: Iterable[tuple[str, Any]], limit: int | None
+) -> list[dict[str, Any]]:
+    where, params = where_clause(filters)
+    limit_sql = "" if limit is None else f" limit {int(limit)}"
+    sql = f"select * from {table}{where} order by ts desc, rowid desc{limit_sql}"
+    with reading(db) as conn:
+        return list(dicts(conn, table, sql, params))
 
 
 def runs(
@@ -28,12 +34,11 @@ def runs(
     limit: int = 200,
 ) -> list[dict[str, Any]]:
     """Check runs newest first, each with its ``findings`` (worst first)."""
-    where, params = where_clause((("node = ?", node), ("job_id = ?", job), ("ts >= ?", since)))
+    filters = (("node = ?", node), ("job_id = ?", job), ("ts >= ?", since))
+    by_id = {r["run_id"]: {**r, "findings": []} for r in _newest(db, "check_runs", filters, limit)}
+    marks = ", ".join("?" * len(by_id))
+    sql = f"select * from findings where run_id in ({marks}) order by severity_value desc, id"
     with reading(db) as conn:
-        sql = f"select * from check_runs{where} order by ts desc, rowid desc{_limit(limit)}"
-        by_id = {r["run_id"]: {**r, "findings": []} for r in dicts(conn, "check_runs", sql, params)}
-        marks = ", ".join("?" * len(by_id))
-        sql = f"select * from findings where run_id in ({marks}) order by severity_value desc, id"
         for f in dicts(conn, "findings", sql, list(by_id)):
             by_id[f["run_id"]]["findings"].append(f)
     return list(by_id.values())
@@ -43,20 +48,14 @@ def check_runs(
     db: Source, node: str | None = None, phase: str | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """``check_runs`` rows (without findings), newest first."""
-    where, params = where_clause((("node = ?", node), ("phase = ?", phase)))
-    sql = f"select * from check_runs{where} order by ts desc, rowid desc{_limit(limit)}"
-    with reading(db) as conn:
-        return list(dicts(conn, "check_runs", sql, params))
+    return _newest(db, "check_runs", (("node = ?", node), ("phase = ?", phase)), limit)
 
 
 def drain_rows(
     db: Source, node: str | None = None, state: str | None = None, limit: int | None = None
 ) -> list[dict[str, Any]]:
     """``drains`` rows (drains, suppressed drains, resumes), newest first."""
-    where, params = where_clause((("node = ?", node), ("state = ?", state)))
-    sql = f"select * from drains{where} order by ts desc, rowid desc{_limit(limit)}"
-    with reading(db) as conn:
-        return list(dicts(conn, "drains", sql, params))
+    return _newest(db, "drains", (("node = ?", node), ("state = ?", state)), limit)
 
 
 def job_row(db: Source, job_id: str) -> dict[str, Any] | None:
