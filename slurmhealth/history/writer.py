@@ -40,7 +40,6 @@ class History:
         self.spool_path = os.fspath(spool_path) if spool_path else f"{self.path}.spool.jsonl"
         self.busy_timeout_ms = int(busy_timeout_ms)
         self._conn: sqlite3.Connection | None = None
-        self._fallback: str | None = None
         self._ingested = 0  # batches ingested from spools by this object, ever
 
     # -- connection and schema ------------------------------------------------------------
@@ -125,26 +124,16 @@ class History:
             return True
         except (sqlite3.Error, OSError) as exc:
             problem = f"{type(exc).__name__}: {exc}"
-        line = (batch.to_json() + "\n").encode()
-        for where in (self.spool_path, self._fallback_spool()):
-            try:
-                append(where, line)
-            except OSError as spool_exc:
-                problem += f"; spool {where}: {spool_exc}"
-                continue
-            log.warning("history %s not written (%s); batch spooled to %s", self.path,
-                        problem, where)  # fmt: skip
+        try:
+            append(self.spool_path, (batch.to_json() + "\n").encode())
+        except OSError as spool_exc:
+            # no fallback in a shared temp dir: a job's user could plant or read it there
+            log.error("history %s not written (%s; spool %s: %s); record lost", self.path,
+                      problem, self.spool_path, spool_exc)  # fmt: skip
             return False
-        log.error("history %s not written (%s); record lost", self.path, problem)
+        log.warning("history %s not written (%s); batch spooled to %s", self.path, problem,
+                    self.spool_path)  # fmt: skip
         return False
-
-    def _fallback_spool(self) -> str:
-        if self._fallback is None:
-            import tempfile
-
-            name = f"slurmhealth-spool-{os.getuid()}.jsonl"
-            self._fallback = os.path.join(tempfile.gettempdir(), name)
-        return self._fallback
 
     def ingest_spool(self) -> int:
         """Ingest pending spool files now; return how many batches went into the database."""
@@ -160,7 +149,7 @@ class History:
         def counted(n: int) -> None:
             self._ingested += n
 
-        ingest_all(conn, (self.spool_path, self._fallback_spool()), self.path, counted)
+        ingest_all(conn, (self.spool_path,), self.path, counted)
 
     # -- node state and health ------------------------------------------------------------
 

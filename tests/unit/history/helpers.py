@@ -54,11 +54,11 @@ print(ok)
 
 
 def start_writers(
-    db: Path, tags: list[str], n: int, systmp: Path, spool: Path | None = None
+    db: Path, tags: list[str], n: int, spool: Path | None = None
 ) -> list[subprocess.Popen[str]]:
     """Start one writer process per tag and release them together once all are waiting."""
     go = db.parent.parent / "go"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(systmp)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [sys.executable, "-c", WRITER, str(db)]
     procs = []
     for tag in tags:
@@ -74,9 +74,9 @@ def start_writers(
     return procs
 
 
-def run_writers(db: Path, tags: list[str], n: int, systmp: Path) -> list[str]:
+def run_writers(db: Path, tags: list[str], n: int) -> list[str]:
     """Run writers to completion; return what each printed (its number of written batches)."""
-    procs = start_writers(db, tags, n, systmp)
+    procs = start_writers(db, tags, n)
     outs = [p.communicate(timeout=60)[0].strip() for p in procs]
     errs = [(db.parent.parent / f"stderr.{tag}").read_text()[-2000:] for tag in tags]
     assert [p.returncode for p in procs] == [0] * len(tags), errs

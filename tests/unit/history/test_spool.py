@@ -18,13 +18,11 @@ from slurmhealth.history.read import runs
 from tests.unit.history.helpers import query, run_batch, spooled_run_ids, start_writers
 
 
-def test_concurrent_spooling_and_ingesting_lose_and_duplicate_nothing(
-    tmp_path: Path, systmp: Path
-) -> None:
+def test_concurrent_spooling_and_ingesting_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     spool = tmp_path / "spool.jsonl"
     (tmp_path / "broken").write_text("")  # the writers' db cannot be opened, so they spool
     broken = tmp_path / "broken" / "history.db"
-    procs = start_writers(broken, ["a", "b"], 300, systmp, spool)
+    procs = start_writers(broken, ["a", "b"], 300, spool)
     history = History(tmp_path / "history.db", spool_path=spool)
     ingested = 0
     while any(p.poll() is None for p in procs):
@@ -54,30 +52,26 @@ def test_unwritable_db_spools_then_next_write_ingests(tmp_path: Path) -> None:
     assert not spool.exists()
 
 
-def test_spool_falls_back_to_tempdir_then_record_lost(
-    tmp_path: Path, systmp: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+def test_unwritable_spool_loses_the_record_loudly_and_never_uses_a_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
     blocker = tmp_path / "state"
     blocker.write_text("")
     db = blocker / "history.db"  # the default spool next to it cannot be written either
-    fallback = systmp / f"slurmhealth-spool-{os.getuid()}.jsonl"
-    assert History(db).write(run_batch("r1", 1.0)) is False
-    assert spooled_run_ids(fallback) == ["r1"]
-
-    blocker.unlink()
-    history = History(db)
-    assert history.ingest_spool() == 1
-    assert [r["run_id"] for r in runs(history)] == ["r1"]
-    assert not fallback.exists()
-
-    monkeypatch.setattr(tempfile, "tempdir", str(blocker / "tmp"))
-    blocker.rename(tmp_path / "moved")
-    blocker.write_text("")
-    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="slurmhealth.history"):
-        assert History(db).write(run_batch("r2", 2.0)) is False
+        assert History(db).write(run_batch("r1", 1.0)) is False
     [record] = caplog.records
     assert record.levelno == logging.ERROR and "lost" in record.getMessage()
+    assert list(shared_tmp.iterdir()) == []
+    planted = shared_tmp / f"slurmhealth-spool-{os.getuid()}.jsonl"
+    planted.write_text(run_batch("forged", 1.0).to_json() + "\n")  # what a user could leave
+    blocker.unlink()
+    history = History(db)
+    assert history.write(run_batch("r2", 2.0))
+    assert [r["run_id"] for r in runs(history)] == ["r2"]
 
 
 def test_locked_db_spools_and_next_write_ingests(

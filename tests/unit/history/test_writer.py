@@ -103,19 +103,19 @@ def test_malformed_batch_is_a_bug_and_raises(tmp_path: Path) -> None:
         migration(1, "again")(lambda db: None)
 
 
-def test_two_processes_writing_at_once_into_a_fresh_db(tmp_path: Path, systmp: Path) -> None:
+def test_two_processes_writing_at_once_into_a_fresh_db(tmp_path: Path) -> None:
     db = tmp_path / "fresh" / "history.db"
-    assert run_writers(db, ["a", "b"], 500, systmp) == ["500", "500"]
+    assert run_writers(db, ["a", "b"], 500) == ["500", "500"]
     assert query(db, "SELECT count(*) FROM check_runs") == [(1000,)]
     assert query(db, "SELECT count(*) FROM findings") == [(1000,)]
     assert query(db, "SELECT count(*) FROM schema_migrations") == [(2,)]
     assert query(db, "PRAGMA integrity_check") == [("ok",)]
 
 
-def test_many_processes_opening_a_fresh_db_at_once_all_write(tmp_path: Path, systmp: Path) -> None:
+def test_many_processes_opening_a_fresh_db_at_once_all_write(tmp_path: Path) -> None:
     db = tmp_path / "fresh" / "history.db"
     tags = [f"p{i}" for i in range(8)]
-    assert run_writers(db, tags, 1, systmp) == ["1"] * 8
+    assert run_writers(db, tags, 1) == ["1"] * 8
     assert query(db, "SELECT count(*) FROM check_runs") == [(8,)]
     assert query(db, "SELECT version FROM schema_migrations") == [(1,), (2,)]
 
