@@ -36,7 +36,7 @@ T0 = 1_700_000_000.0
 
 def _with_columns(metrics: dict[str, Any]) -> dict[str, Any]:
     """A row as the sidecar writes it: the metrics JSON plus their columns."""
-    from slurmhealth.sidecar.run import sample_columns
+    from slurmhealth.history.rows import sample_columns
 
     return {"metrics": metrics, **sample_columns(metrics)}
 
@@ -64,7 +64,7 @@ def _metrics(rng: random.Random, gpu: int, i: int) -> dict[str, Any]:
 
 
 def build_history(tmp: Path, hours: float) -> Path:
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History
 
     rng = random.Random(1)
     steps = int(hours * 3600 / 10)
@@ -206,12 +206,12 @@ def build_history(tmp: Path, hours: float) -> Path:
 
 def write_summaries(tmp: Path) -> None:
     """Each node's summary.json as the epilog leaves it (NodeFacts of its history)."""
-    from slurmhealth.report.collect import connect, node_facts
+    from slurmhealth.history.read import Reader
+    from slurmhealth.report.collect import node_facts
 
     for node in NODES:
-        conn = connect(str(tmp / "db" / f"{node}.db"))
-        facts = node_facts(conn, JOB, node)
-        conn.close()
+        with Reader(tmp / "db" / f"{node}.db") as db:
+            facts = node_facts(db, JOB, node)
         folder = tmp / "evidence" / JOB / node
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "summary.json").write_text(json.dumps(facts.to_dict()))

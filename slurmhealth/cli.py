@@ -170,14 +170,15 @@ def history(
 ) -> None:
     """Show recorded check runs and their findings, newest first."""
     from slurmhealth import render
-    from slurmhealth.store import History
+    from slurmhealth.history import History
+    from slurmhealth.history.read import runs as history_runs
 
     cfg = ctx.config()
     start = parse_since(since, time.time())
     runs = []
     for path in _history_paths(cfg, node):
         with History(path) as db:
-            runs += db.runs(node=node, job=job, since=start, limit=limit)
+            runs += history_runs(db, node=node, job=job, since=start, limit=limit)
     runs = sorted(runs, key=lambda r: r["ts"], reverse=True)[:limit]
     if as_json:
         render.print_json({"schema": "slurmhealth.history/1", "runs": runs})
@@ -290,14 +291,14 @@ def sidecar(ctx: Ctx, job_id: str, gpus: str | None, interval: float | None) -> 
 def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
     """Drains, suppressed drains and resumes recorded by slurmhealth, newest first."""
     from slurmhealth import render
-    from slurmhealth.store import History
+    from slurmhealth.history import History
+    from slurmhealth.history.read import drain_rows
 
     cfg = ctx.config()
     rows = []
     for path in _history_paths(cfg, node):
         with History(path) as db:
-            where, params = ("node = ?", [node]) if node else (None, None)
-            rows += db.table_rows("drains", where, params, order_by="ts desc", limit=limit)
+            rows += drain_rows(db, node=node, limit=limit)
     rows = sorted(rows, key=lambda r: r["ts"], reverse=True)[:limit]
     if as_json:
         render.print_json({"schema": "slurmhealth.drains/1", "drains": rows})
@@ -321,7 +322,7 @@ def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
 
 
 def _history_paths(cfg: Any, node: str | None) -> list[str]:
-    from slurmhealth.report.collect import history_paths
+    from slurmhealth.history.read import history_paths
 
     return history_paths(cfg, [node] if node else ())
 

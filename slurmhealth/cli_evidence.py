@@ -26,28 +26,18 @@ def _config() -> Any:
 
 def _job_row(cfg: Any, job_id: str, node: str) -> dict[str, Any]:
     """The history's ``jobs`` row for the job ({} when there is none)."""
-    import json
-    import sqlite3
-
-    from slurmhealth.report.collect import connect
+    from slurmhealth.history.read import Reader, StoreError, job_row
 
     path = cfg.db_path(node)
     if not os.path.exists(path):
         return {}
     try:
-        conn = connect(path)
-        try:
-            row = conn.execute("select * from jobs where job_id = ?", (job_id,)).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with Reader(path) as db:
+            out = job_row(db, job_id) or {}
+    except StoreError:
         return {}
-    out = dict(row) if row is not None else {}
-    if isinstance(out.get("gpus"), str):
-        try:
-            out["gpus"] = json.loads(out["gpus"])
-        except ValueError:
-            out["gpus"] = []
+    if not isinstance(out.get("gpus"), list):
+        out["gpus"] = []
     return out
 
 

@@ -12,34 +12,18 @@ from slurmhealth import render
 
 def _job_context(cfg: Any, job_id: str) -> dict[str, set[Any]]:
     """Nodes, GPUs, Xids and checks of the job, from every history this node can read."""
-    import sqlite3
-
+    from slurmhealth.history.read import Reader, StoreError, history_paths, incident_rows
     from slurmhealth.report import incidents
-    from slurmhealth.report.collect import connect
 
     ctx: dict[str, set[Any]] = {"nodes": set(), "gpus": set(), "xids": set(), "checks": set()}
-    from slurmhealth.report.collect import history_paths
-
     for path in history_paths(cfg):
         try:
-            conn = connect(path)
-            rows = [
-                dict(r)
-                for table in ("findings", "events")
-                for r in conn.execute(f"select * from {table} where job_id = ?", (job_id,))
-            ]
-            conn.close()
-        except sqlite3.Error:
+            with Reader(path) as db:
+                rows = incident_rows(db, job_id)
+        except StoreError:
             continue
-        import json
-
         by_node: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
-            if isinstance(r.get("evidence"), str):
-                try:
-                    r["evidence"] = json.loads(r["evidence"])
-                except ValueError:
-                    r["evidence"] = {}
             by_node.setdefault(str(r.get("node")), []).append(r)
         for node, node_rows in by_node.items():
             for key, values in incidents.context_of(node_rows, node).items():

@@ -288,19 +288,3 @@ class Job:
     def failed(self) -> bool:
         """Non-zero exit or a signal (``"0:0"`` is success)."""
         return self.exit_code not in (None, "", "0:0", "0")
-
-    def row(self, **extra: Any) -> dict[str, Any]:
-        """The ``jobs`` table row (None values never overwrite what is stored)."""
-        return {
-            "job_id": self.job_id,
-            "node": self.node,
-            "user": self.user or None,
-            "uid": self.uid,
-            "account": self.account or None,
-            "partition": self.partition or None,
-            "qos": self.qos or None,
-            "priority": self.priority,
-            "nodes": self.nodes or None,
-            "gpus": list(self.gpus),
-            **extra,
-        }

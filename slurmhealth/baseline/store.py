@@ -6,13 +6,11 @@ nothing extra is stored. ``detail`` of a measurement is not stored.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from typing import Any
 
 from slurmhealth.baseline.model import ParseResult
 from slurmhealth.config import Config
-from slurmhealth.errors import StoreError
 
 LOWER_IS_BETTER_SUFFIXES = ("_lat_p50", "_lat_p99")
 
@@ -33,34 +31,15 @@ def ingest(
     source: str | None,
     ts: float | None = None,
 ) -> int:
-    """Write one ``baselines`` row per measurement into ``node``'s history, in one batch.
+    """Record one ``baselines`` row per measurement in ``node``'s history, in one batch.
     Returns the number of rows (written, or spooled when the database is unwritable)."""
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import History
+    from slurmhealth.history.baselines import add_baselines
 
     now = time.time() if ts is None else ts
-    rows: list[tuple[str, dict[str, Any]]] = [
-        (
-            "baselines",
-            {
-                "ts": now,
-                "node": node,
-                "kind": kind,
-                "metric": m.metric,
-                "value": float(m.value),
-                "unit": m.unit,
-                "gpu_model": gpu_model or None,
-                "gpu": m.gpu,
-                "label": label or None,
-                "source": source or None,
-            },
-        )
-        for m in result.measurements
-    ]
-    if not rows:
-        return 0
     with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
-        history.write(Batch(inserts=rows))
-    return len(rows)
+        return add_baselines(history, kind, result.measurements, ts=now, node=node,
+                             gpu_model=gpu_model, label=label, source=source)  # fmt: skip
 
 
 def rows(
@@ -70,29 +49,11 @@ def rows(
     metric: str | None = None,
 ) -> list[dict[str, Any]]:
     """Baseline rows of every reachable history (``history_paths``), oldest first."""
-    from slurmhealth.report.collect import connect, history_paths
+    from slurmhealth.history.read import Reader, baseline_rows, history_paths
 
-    clauses: list[str] = []
-    params: list[Any] = []
-    for column, value in (("node", node), ("kind", kind), ("metric", metric)):
-        if value is not None:
-            clauses.append(f"{column} = ?")
-            params.append(value)
-    where = f" where {' and '.join(clauses)}" if clauses else ""
-    sql = f"select * from baselines{where} order by ts, id"
     out: list[dict[str, Any]] = []
     for path in history_paths(cfg, [node] if node else []):
-        try:
-            conn = connect(path)
-            try:
-                out += [dict(r) for r in conn.execute(sql, params)]
-            finally:
-                conn.close()
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                continue  # a history never written to by this version
-            raise StoreError(f"{path}: {exc}") from exc
-        except sqlite3.Error as exc:
-            raise StoreError(f"{path}: {exc}") from exc
+        with Reader(path) as db:
+            out += baseline_rows(db, node=node, kind=kind, metric=metric)
     out.sort(key=lambda r: (r["ts"], r["id"]))
     return out

@@ -370,13 +370,13 @@ def _record(
     cfg: Config, job_id: str, node: str, path: str, entries: list[dict[str, Any]], end: float
 ) -> bool:
     """One ``evidence`` row per file, in one batch (spooled when the history is busy)."""
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History, rows
 
-    now = time.time()
-    batch = Batch(inserts=[("evidence", {
-        "ts": now, "job_id": job_id, "node": node, "path": os.path.join(path, e["name"]),
-        "sha256": e["sha256"], "size": e["size"], "kind": e["source"],
-    }) for e in entries])  # fmt: skip
+    batch = Batch(
+        inserts=[
+            ("evidence", r) for r in rows.evidence_rows(time.time(), job_id, node, path, entries)
+        ]
+    )
     wait_ms = int(max(0.2, end - time.monotonic()) * 1000)
     with History(cfg.db_path(node), cfg.spool_path(node) or None, busy_timeout_ms=wait_ms) as h:
         return h.write(batch)

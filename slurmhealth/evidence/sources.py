@@ -18,7 +18,6 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 _CHUNK = 65536
 
@@ -39,10 +38,6 @@ class Sink:
     @property
     def size(self) -> int:
         return self._size
-
-    @property
-    def full(self) -> bool:
-        return self._size >= self.cap
 
     def write(self, data: bytes) -> bool:
         """Keep what fits; False when the sink is full or closed (stop producing)."""
@@ -161,35 +156,21 @@ def tail_file(path: str, sink: Sink, nbytes: int, uid: int | None = None) -> Non
         os.close(fd)
 
 
-def _decode(row: dict[str, Any]) -> dict[str, Any]:
-    for key in ("metrics", "evidence", "detail"):
-        if isinstance(row.get(key), str):
-            with contextlib.suppress(ValueError):
-                row[key] = json.loads(row[key])
-    return row
-
-
 def history_rows(
     db_path: str, table: str, job_id: str, node: str, sink: Sink, deadline: float
 ) -> None:
     """The job's rows of ``table`` as JSON lines, oldest first; when over the cap the newest
     rows are kept (the end of a job is what explains its death)."""
-    from slurmhealth.report.collect import connect
+    from slurmhealth.history.read import Reader, job_node_rows
 
     if not os.path.exists(db_path):
         sink.fail(f"no history at {db_path}")
         return
-    conn = connect(db_path)
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {int(max(0.05, deadline - time.monotonic()) * 1000)}")
-        cur = conn.execute(
-            f"select * from {table} where job_id = ? and node = ? order by ts desc, rowid desc",
-            (job_id, node),
-        )
+    with Reader(db_path, busy_timeout_s=max(0.05, deadline - time.monotonic())) as db:
         lines: list[bytes] = []
         size = 0
-        for n, row in enumerate(cur):
-            line = (json.dumps(_decode(dict(row)), default=str) + "\n").encode()
+        for n, row in enumerate(job_node_rows(db, table, job_id, node, newest_first=True)):
+            line = (json.dumps(row, default=str) + "\n").encode()
             if size + len(line) > sink.cap:
                 sink.truncated = True
                 break
@@ -200,8 +181,6 @@ def history_rows(
                 sink.fail("history read did not finish in time")
                 break
         sink.write(b"".join(reversed(lines)))
-    finally:
-        conn.close()
 
 
 def find_py_spy(configured: str) -> str | None:

@@ -6,11 +6,9 @@ for every job, the full capture only when the job failed or showed findings or e
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import sqlite3
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -56,32 +54,22 @@ def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
     return logs
 
 
-def _job_uid(conn: sqlite3.Connection, job_id: str) -> int | None:
-    with contextlib.suppress(sqlite3.Error):
-        row = conn.execute("select uid from jobs where job_id = ?", (job_id,)).fetchone()
-        if row is not None and isinstance(row[0], int):
-            return row[0]
-    return None
-
-
 def node_summary(
     cfg: Config, job_id: str, node: str, logs: Mapping[str, str] | None
 ) -> tuple[NodeFacts, int | None]:
     """The node's facts about the job (empty when its history cannot be read) and the
     job's uid from the history's ``jobs`` row."""
     from slurmhealth.diagnose.facts import NodeFacts
+    from slurmhealth.history.read import Reader, StoreError, owner_uid
     from slurmhealth.report import collect
 
     path = cfg.db_path(node)
     if not os.path.exists(path):
         return NodeFacts(node=node, logs=dict(logs or {})), None
     try:
-        conn = collect.connect(path)
-        try:
-            return collect.node_facts(conn, job_id, node, logs), _job_uid(conn, job_id)
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with Reader(path) as db:
+            return collect.node_facts(db, job_id, node, logs), owner_uid(db, job_id)
+    except StoreError:
         return NodeFacts(node=node, logs=dict(logs or {})), None
 
 

@@ -20,7 +20,7 @@ from slurmhealth.model import Finding, NodeSnapshot, Severity
 
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History
 
 log = logging.getLogger("slurmhealth.check")
 
@@ -131,7 +131,7 @@ def run_check(
 ) -> CheckResult:
     """:func:`check_node` over the configured GPU backend and this node's history."""
     from slurmhealth.gpu import open_backend
-    from slurmhealth.store import History
+    from slurmhealth.history import History
 
     history = History(cfg.db_path(), spool_path=cfg.spool_path() or None)
     try:
@@ -221,45 +221,11 @@ def check_node(
 def _batch(
     cfg: Config, result: CheckResult, job_row: dict[str, Any] | None, state: dict[str, Any]
 ) -> Batch:
-    from slurmhealth.store import Batch
+    from slurmhealth.history import Batch, rows
 
     return Batch(
-        inserts=[("check_runs", _run_row(result, cfg))]
-        + [("findings", _finding_row(result, f)) for f in result.findings],
+        inserts=[("check_runs", rows.check_run_row(result, cfg.gpu.backend))]
+        + [("findings", rows.finding_row(result, f)) for f in result.findings],
         upserts=[("jobs", job_row, "job_id")] if job_row else [],
         kv=state,
     )
-
-
-def _run_row(result: CheckResult, cfg: Config) -> dict[str, Any]:
-    return {
-        "run_id": result.run_id,
-        "ts": result.snapshot.ts,
-        "node": result.node,
-        "job_id": result.job_id,
-        "phase": result.phase,
-        "gpus": [g.index for g in result.snapshot.gpus],
-        "status": result.status,
-        "exit_code": result.exit_code,
-        "duration_s": result.duration_s,
-        "backend": cfg.gpu.backend,
-        "error": result.snapshot.error,
-    }
-
-
-def _finding_row(result: CheckResult, f: Finding) -> dict[str, Any]:
-    return {
-        "run_id": result.run_id,
-        "ts": result.snapshot.ts,
-        "node": result.node,
-        "job_id": result.job_id,
-        "check_name": f.check,
-        "severity": f.severity.label,
-        "severity_value": int(f.severity),
-        "gpu": f.gpu,
-        "uuid": f.uuid,
-        "message": f.message,
-        "action": f.action.value,
-        "hint": f.hint,
-        "evidence": dict(f.evidence),
-    }

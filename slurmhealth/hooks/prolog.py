@@ -28,8 +28,8 @@ from slurmhealth.slurm import SlurmBackend
 
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
+    from slurmhealth.history import History
     from slurmhealth.hooks.check import CheckResult
-    from slurmhealth.store import History
 
 log = logging.getLogger("slurmhealth.hooks")
 
@@ -64,7 +64,7 @@ def _record(
     inserts: list[tuple[str, dict[str, Any]]],
     job_row: dict[str, Any] | None = None,
 ) -> None:
-    from slurmhealth.store import Batch
+    from slurmhealth.history import Batch
 
     history.write(Batch(inserts=inserts, upserts=[("jobs", job_row, "job_id")] if job_row else []))
 
@@ -102,9 +102,12 @@ def _skip(
 
 
 def _job_row(job: Job, phase: str) -> dict[str, Any]:
+    from slurmhealth.history.rows import job_row
+
     if phase == "prolog":
-        return job.row(start_ts=time.time(), state="running")
-    return job.row(
+        return job_row(job, start_ts=time.time(), state="running")
+    return job_row(
+        job,
         end_ts=time.time(),
         exit_code=job.exit_code,
         state="failed" if job.failed else "completed",
@@ -210,22 +213,13 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
 
 
 def _job_had_events(cfg: Config, job: Job) -> bool:
-    import sqlite3
-
-    from slurmhealth.report.collect import connect
+    from slurmhealth.history.read import Reader, StoreError, job_had_events
 
     try:
-        conn = connect(cfg.db_path(job.node))
-        try:
-            row = conn.execute(
-                "select count(*) from events where job_id = ? and severity != 'info'",
-                (job.job_id,),
-            ).fetchone()
-        finally:
-            conn.close()
-    except sqlite3.Error:
+        with Reader(cfg.db_path(job.node)) as db:
+            return job_had_events(db, job.job_id)
+    except StoreError:
         return False
-    return bool(row and row[0])
 
 
 def _evidence(
@@ -283,8 +277,8 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     """:func:`run_hook` over the real adapters: the configured Slurm and GPU backends
     and the node's history."""
     from slurmhealth.gpu import open_backend
+    from slurmhealth.history import History
     from slurmhealth.slurm import open_slurm
-    from slurmhealth.store import History
 
     job = job_from_env(env, cfg.node_name)
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)

@@ -14,7 +14,7 @@ from slurmhealth.errors import UsageError
 from slurmhealth.slurm import NodeInfo, SlurmBackend, open_slurm
 
 if TYPE_CHECKING:
-    from slurmhealth.store import History
+    from slurmhealth.history import History
 
 
 @dataclass(frozen=True)
@@ -53,18 +53,16 @@ def passing_validation(
 
 
 def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
-    from slurmhealth.errors import StoreError
-    from slurmhealth.store import History
+    from slurmhealth.history import History, StoreError
+    from slurmhealth.history.read import check_runs, drain_rows
 
     path = cfg.db_path(node)
     if not os.path.exists(path):
         return False
     try:
         with History(path) as db:
-            drains = db.table_rows("drains", "node = ? and state = 'drained'", [node])
-            since = drained_since(reason_time, drains)
-            where, params = "node = ? and phase = 'validate'", [node]
-            runs = db.table_rows("check_runs", where, params, "ts DESC", 50)
+            since = drained_since(reason_time, drain_rows(db, node=node, state="drained"))
+            runs = check_runs(db, node=node, phase="validate", limit=50)
     except StoreError:
         return False
     return passing_validation(runs, since) is not None
@@ -72,7 +70,7 @@ def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
 
 def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> ResumeOutcome:
     """:func:`resume` over the configured Slurm backend and ``node``'s history."""
-    from slurmhealth.store import History
+    from slurmhealth.history import History
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
@@ -90,7 +88,7 @@ def resume(
 ) -> ResumeOutcome:
     """Resume ``node`` if its current reason is slurmhealth's; someone else's needs --force.
     Every resume (and every refusal) is recorded in ``history``."""
-    from slurmhealth.store import Batch
+    from slurmhealth.history import Batch, rows
 
     info = next((n for n in slurm.nodes() if n.name == node), None)
     if info is None:
@@ -102,28 +100,15 @@ def resume(
     forced = force and (not info.ours or unvalidated)
     if not refused:
         slurm.resume(node)
-    history.write(
-        Batch(
-            inserts=[
-                (
-                    "drains",
-                    {
-                        "ts": time.time(),
-                        "node": node,
-                        "state": "resume_refused" if refused else "resumed",
-                        "reason": reason,
-                        "actor": _actor(),
-                        "detail": {
-                            "previous_reason": info.reason,
-                            "previous_by": info.reason_user,
-                            "forced": forced,
-                            "validated": info.ours and not unvalidated,
-                        },
-                    },
-                )
-            ]
-        )
-    )
+    detail = {
+        "previous_reason": info.reason,
+        "previous_by": info.reason_user,
+        "forced": forced,
+        "validated": info.ours and not unvalidated,
+    }
+    state = "resume_refused" if refused else "resumed"
+    row = rows.drain_row(time.time(), node, state, reason, _actor(), detail)
+    history.write(Batch(inserts=[("drains", row)]))
     return _outcome(info, refused=refused, forced=forced)
 
 
@@ -156,7 +141,8 @@ def node_overview(cfg: Config) -> list[dict[str, Any]]:
 
 def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
     """Slurm's view of every node next to the last check in that node's history."""
-    from slurmhealth.store import History
+    from slurmhealth.history import History
+    from slurmhealth.history.read import runs
 
     rows = []
     for n in sorted(slurm.nodes(), key=lambda n: n.name):
@@ -173,7 +159,7 @@ def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
         path = cfg.db_path(n.name)
         if ("{node}" in cfg.paths.db or n.name == cfg.node_name) and os.path.exists(path):
             with History(path) as db:
-                last = db.runs(node=n.name, limit=1)
+                last = runs(db, node=n.name, limit=1)
             if last:
                 run = last[0]
                 worst = run["findings"][0] if run["findings"] else None

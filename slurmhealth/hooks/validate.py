@@ -237,7 +237,7 @@ def run_validate(
 
 
 def _mark(cfg: Config, run_id: str, status: str) -> None:
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History
 
     run = {"run_id": run_id, "phase": PHASE, "status": status}
     with History(cfg.db_path(), spool_path=cfg.spool_path() or None) as db:
@@ -246,7 +246,7 @@ def _mark(cfg: Config, run_id: str, status: str) -> None:
 
 def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
     """The check run's row gets the verdict; each failed benchmark becomes a finding."""
-    from slurmhealth.store import Batch, History
+    from slurmhealth.history import Batch, History
 
     findings = [
         (

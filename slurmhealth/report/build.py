@@ -13,25 +13,23 @@ Refusals: a user may read only their own jobs; root and the configured admin gro
 from __future__ import annotations
 
 import contextlib
-import glob
-import json
 import os
 import re
-import sqlite3
 import statistics
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmhealth.config import Config
+from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import UsageError
-from slurmhealth.report.collect import connect, history_paths, job_facts, node_facts
+from slurmhealth.history import read
+from slurmhealth.report import sources as src
 from slurmhealth.report.incidents import Incident
+from slurmhealth.report.sources import NodeEvidence, PastIncident
 
 SCHEMA = "slurmhealth.report/1"
-MAX_INCIDENTS = 10
 STRAGGLER_RATIO = 0.75  # a GPU below this share of the job's median utilisation
 BAD = ("fail", "critical")
 _JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
@@ -64,26 +62,6 @@ class Straggler:
 
 
 @dataclass(frozen=True)
-class NodeEvidence:
-    node: str
-    source: str  # history | summary
-    bundle_dir: str | None
-    manifest: str | None  # manifest.json path when present
-    summary: str | None  # summary.json path when present
-    files: tuple[Mapping[str, Any], ...] = ()  # path, kind, size, sha256
-
-
-@dataclass(frozen=True)
-class PastIncident:
-    job_id: str | None
-    ts: float
-    node: str
-    gpu: int | None
-    what: str
-    severity: str
-
-
-@dataclass(frozen=True)
 class Report:
     job: JobFacts
     verdict: str
@@ -104,82 +82,6 @@ class Report:
     @property
     def facts(self) -> Facts:
         return Facts(job=self.job, nodes=self.nodes)
-
-
-# -- sources --------------------------------------------------------------------------------
-
-
-@dataclass
-class _Db:
-    path: str
-    conn: sqlite3.Connection
-    nodes: list[str]  # nodes whose rows about the job this history holds
-
-
-def _open(path: str) -> sqlite3.Connection | None:
-    try:
-        conn = connect(path)
-        conn.execute("select 1 from jobs limit 1")
-    except sqlite3.Error:
-        return None
-    return conn
-
-
-def _nodes_in(conn: sqlite3.Connection, job_id: str) -> list[str]:
-    sql = " union ".join(
-        f"select distinct node from {t} where job_id = ?"
-        for t in ("jobs", "check_runs", "findings", "events", "drains", "samples")
-    )
-    return [r[0] for r in conn.execute(sql, (job_id,) * 6) if r[0]]
-
-
-def _owner_uid(conn: sqlite3.Connection, job_id: str) -> int | None:
-    row = conn.execute("select uid from jobs where job_id = ? and uid is not null", (job_id,))
-    found = row.fetchone()
-    return None if found is None else int(found[0])
-
-
-def _merge_job(a: JobFacts | None, b: JobFacts) -> JobFacts:
-    """Fill what ``a`` lacks from ``b`` (each node knows part: start on one, end on another)."""
-    if a is None:
-        return b
-    changes = {k: v for k, v in vars(b).items() if v not in (None, "", ()) and not getattr(a, k)}
-    merged = replace(a, **changes)
-    if a.start_ts and b.start_ts and b.start_ts < a.start_ts:
-        merged = replace(merged, start_ts=b.start_ts)
-    if a.end_ts and b.end_ts and b.end_ts > a.end_ts:
-        merged = replace(merged, end_ts=b.end_ts)
-    if _state_rank(b.state) > _state_rank(merged.state):  # a node that saw the end wins
-        merged = replace(merged, state=b.state)
-    if b.exit_code not in (None, "", "0:0") and merged.exit_code in (None, "", "0:0"):
-        merged = replace(merged, exit_code=b.exit_code)
-    return merged
-
-
-def _state_rank(state: str) -> int:
-    return {"": 0, "running": 1, "completed": 2}.get(state, 3)
-
-
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _evidence_root(cfg: Config, node: str) -> str:
-    return cfg.paths.evidence_dir.replace("{node}", node)
-
-
-def _summaries(cfg: Config, job_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    out = {}
-    pattern = os.path.join(_evidence_root(cfg, "*"), job_id, "*", "summary.json")
-    for path in sorted(glob.glob(pattern)):
-        data = _read_json(path)
-        if isinstance(data, dict) and data.get("node"):
-            out[str(data["node"])] = (path, data)
-    return out
 
 
 # -- permission -----------------------------------------------------------------------------
@@ -226,37 +128,6 @@ def _check_id(job_id: str) -> str:
     return job_id
 
 
-def _scan(
-    cfg: Config, job_id: str, summaries: Mapping[str, tuple[str, dict[str, Any]]]
-) -> tuple[JobFacts | None, int | None, list[_Db]]:
-    """The job row and owner from every reachable history, and which nodes each one holds.
-    Two passes: the first may learn the job's node list, whose histories the second opens."""
-    job: JobFacts | None = None
-    owner: int | None = None
-    dbs: list[_Db] = []
-    paths = history_paths(cfg)
-    for _ in range(2):
-        for path in paths:
-            if any(d.path == path for d in dbs) or (conn := _open(path)) is None:
-                continue
-            dbs.append(_Db(path, conn, _nodes_in(conn, job_id)))
-            found = job_facts(conn, job_id)
-            job = job if found is None else _merge_job(job, found)
-            owner = owner if owner is not None else _owner_uid(conn, job_id)
-        more = history_paths(cfg, (*(job.nodes if job else ()), *summaries))
-        if set(more) <= set(paths):
-            break
-        paths = more
-    for _path, data in summaries.values():
-        if isinstance(data.get("job"), dict):
-            with contextlib.suppress(TypeError):
-                extra = {**data["job"], "job_id": job_id}
-                extra["nodes"] = tuple(extra.get("nodes") or ())
-                extra["gpus"] = tuple(extra.get("gpus") or ())
-                job = _merge_job(job, JobFacts(**extra))
-    return job, owner, dbs
-
-
 def build_report(
     cfg: Config,
     job_id: str,
@@ -270,29 +141,31 @@ def build_report(
     Raises :class:`PermissionDenied` (exit 4) or :class:`UsageError` (unknown job, exit 2).
     """
     job_id = _check_id(job_id)
-    summaries = _summaries(cfg, job_id)
-    job, owner, dbs = _scan(cfg, job_id, summaries)
+    summaries = src.summaries(cfg, job_id)
+    job, owner, dbs = src.scan(cfg, job_id, summaries)
     try:
-        where = [d.path for d in dbs] or history_paths(cfg) or [f"{cfg.db_path()} (missing)"]
-        where.append(os.path.join(_evidence_root(cfg, "*"), job_id))
+        where = [d.path for d in dbs] or read.history_paths(cfg)
+        where = where or [f"{cfg.db_path()} (missing)"]
+        where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
         if job is None and not summaries and not any(d.nodes for d in dbs):
             raise UsageError(f"no record of job {job_id} in {', '.join(where)}")
         job = job or JobFacts(job_id=job_id)
         if requester_uid is not None:
             check_permission(cfg, job, owner, requester_uid)
-        nodes, sources, evidence = _read_nodes(cfg, job, dbs, summaries)
+        nodes, sources, evidence = src.read_nodes(cfg, job, dbs, summaries)
         if not job.nodes:
             job = replace(job, nodes=tuple(n.node for n in nodes))
         facts = Facts(job=job, nodes=tuple(nodes))
-        diagnoses, verdict_text = _diagnose(facts)
+        diagnoses = diagnose(facts)
+        verdict_text = verdict(diagnoses, facts)
         timeline = _timeline(facts)
         failure = _failure_ts(timeline, job)
         if window_s is not None and failure is not None:
             timeline = [e for e in timeline if abs(e.ts - failure) <= window_s]
-        incidents = _past_incidents(dbs, job_id, facts)
+        incidents = src.past_incidents(dbs, job_id, facts)
     finally:
         for d in dbs:
-            d.conn.close()
+            d.db.close()
     return Report(
         job=job,
         verdict=verdict_text,
@@ -320,120 +193,6 @@ def _known_incidents(cfg: Config, job_id: str, facts: Facts) -> list[tuple[str, 
         for key, values in context_of([*nf.findings, *nf.events], nf.node).items():
             context[key] |= values
     return related(cfg, job_id, context)
-
-
-def _read_nodes(
-    cfg: Config,
-    job: JobFacts,
-    dbs: list[_Db],
-    summaries: Mapping[str, tuple[str, dict[str, Any]]],
-) -> tuple[list[NodeFacts], list[tuple[str, str, str]], list[NodeEvidence]]:
-    """Per node its live history when one holds it, else its summary.json."""
-    live: dict[str, _Db] = {}
-    for d in dbs:
-        for node in d.nodes:
-            live.setdefault(node, d)
-    chosen: list[tuple[str, str, str, NodeFacts | None]] = []  # node, source, path, facts
-    for node in dict.fromkeys([*job.nodes, *sorted(live), *sorted(summaries)]):
-        summary = _node_summary(summaries, node)
-        if node in live and summary and _unchanged(live[node].conn, job.job_id, node, summary):
-            # the epilog's precomputed facts of exactly these history rows
-            chosen.append((node, "summary-current", summaries[node][0], summary))
-        elif node in live:
-            chosen.append((node, "history", live[node].path, None))
-        elif summary is not None:
-            chosen.append((node, "summary", summaries[node][0], summary))
-    # (threads made this slower: each row tuple needs the GIL, so they only convoy)
-    nodes, sources, evidence = [], [], []
-    for node, source, path, nf in chosen:
-        facts = nf if nf is not None else _aggregate(path, job.job_id, node)
-        nodes.append(facts)
-        sources.append((node, source, path))
-        evidence.append(_evidence(cfg, job.job_id, facts, source))
-    return nodes, sources, evidence
-
-
-def _aggregate(path: str, job_id: str, node: str) -> NodeFacts:
-    conn = connect(path)  # a connection per thread
-    try:
-        return node_facts(conn, job_id, node)
-    finally:
-        conn.close()
-
-
-def _node_summary(
-    summaries: Mapping[str, tuple[str, dict[str, Any]]], node: str
-) -> NodeFacts | None:
-    try:
-        return NodeFacts.from_dict(summaries[node][1]) if node in summaries else None
-    except (TypeError, KeyError, ValueError):
-        return None
-
-
-_COUNTS_SQL = " union all ".join(
-    f"select count(*) from {t} where job_id = ? and node = ?{extra}"
-    for t, extra in (("check_runs", ""), ("findings", ""), ("events", ""), ("drains", ""),
-                     ("evidence", ""), ("samples", " and gpu is not null"))
-)  # fmt: skip
-
-
-def _unchanged(conn: sqlite3.Connection, job_id: str, node: str, nf: NodeFacts) -> bool:
-    """Whether the summary was built from exactly the rows the history holds now (rows are
-    only ever appended), so its aggregates can stand in for a day of samples."""
-    mine = (len(nf.runs), len(nf.findings), len(nf.events), len(nf.drains), len(nf.evidence),
-            sum(g.samples for g in nf.gpus))  # fmt: skip
-    try:
-        rows = conn.execute(_COUNTS_SQL, (job_id, node) * 6).fetchall()
-    except sqlite3.Error:
-        return False
-    return tuple(r[0] for r in rows) == mine
-
-
-def _diagnose(facts: Facts) -> tuple[list[Diagnosis], str]:
-    import importlib
-
-    try:
-        engine: Any = importlib.import_module("slurmhealth.diagnose.engine")
-    except ModuleNotFoundError:
-        return [], "no diagnosis (slurmhealth.diagnose.engine is not installed)"
-    diagnoses = list(engine.diagnose(facts))
-    return diagnoses, str(engine.verdict(diagnoses, facts))
-
-
-def _evidence(cfg: Config, job_id: str, nf: NodeFacts, source: str) -> NodeEvidence:
-    folder = os.path.join(_evidence_root(cfg, nf.node), job_id, nf.node)
-    manifest = os.path.join(folder, "manifest.json")
-    summary = os.path.join(folder, "summary.json")
-    files: dict[str, Mapping[str, Any]] = {}
-    for row in nf.evidence:
-        if row.get("path"):
-            files[str(row["path"])] = _file_entry(row, None)
-    data = _read_json(manifest) if os.path.exists(manifest) else None
-    entries: Any = data.get("files", data.get("entries")) if isinstance(data, dict) else data
-    for item in entries if isinstance(entries, list) else []:
-        entry = _file_entry(item if isinstance(item, dict) else {"path": item}, folder)
-        files.setdefault(str(entry["path"]), entry)
-    bundle = nf.bundle_dir or (folder if os.path.isdir(folder) else None)
-    return NodeEvidence(
-        node=nf.node,
-        source=source,
-        bundle_dir=bundle,
-        manifest=manifest if os.path.exists(manifest) else None,
-        summary=summary if os.path.exists(summary) else None,
-        files=tuple(files.values()),
-    )
-
-
-def _file_entry(item: Mapping[str, Any], folder: str | None) -> dict[str, Any]:
-    path = str(item.get("path") or item.get("name") or "")
-    if folder and path and not os.path.isabs(path):
-        path = os.path.join(folder, path)
-    return {
-        "path": path,
-        "kind": item.get("kind"),
-        "size": item.get("size"),
-        "sha256": item.get("sha256"),
-    }
 
 
 def _timeline(facts: Facts) -> list[TimelineEntry]:
@@ -498,46 +257,3 @@ def _stragglers(facts: Facts) -> list[Straggler]:
                     node, g.gpu, g.util_mean, median, old.source if old else "stats", text
                 )
     return [out[k] for k in sorted(out)]
-
-
-def _xids(facts: Facts) -> set[int]:
-    found = set()
-    for nf in facts.nodes:
-        for row in (*nf.findings, *nf.events):
-            ev = row.get("evidence")
-            if isinstance(ev, dict) and isinstance(ev.get("xid"), int):
-                found.add(int(ev["xid"]))
-    return found
-
-
-_INCIDENT_SQL = """
-select job_id, ts, node, gpu, {what} as what, message, severity from {table}
-where (job_id is null or job_id != ?) and severity not in ('ok')
-  and ({pairs} or json_extract(evidence, '$.xid') in ({xids}))
-order by ts desc limit 50
-"""
-
-
-def _past_incidents(dbs: list[_Db], job_id: str, facts: Facts) -> list[PastIncident]:
-    pairs = {(nf.node, g.gpu) for nf in facts.nodes for g in nf.gpus}
-    rows = [(nf.node, r) for nf in facts.nodes for r in (*nf.findings, *nf.events)]
-    pairs |= {(n, r["gpu"]) for n, r in rows if r.get("gpu") is not None}
-    xids = sorted(_xids(facts))
-    if not pairs and not xids:
-        return []
-    cond = " or ".join(["(node = ? and gpu = ?)"] * len(pairs)) or "0"
-    params: list[Any] = [job_id, *(v for p in sorted(pairs) for v in p), *xids]
-    found: dict[tuple[Any, ...], PastIncident] = {}
-    marks = ", ".join("?" * len(xids))
-    for table, what in (("findings", "check_name"), ("events", "kind")):
-        sql = _INCIDENT_SQL.format(table=table, what=what, pairs=cond, xids=marks)
-        for d in dbs:
-            with contextlib.suppress(sqlite3.Error):
-                for r in d.conn.execute(sql, params).fetchall():
-                    what_text = f"{r['what']}: {r['message']}"
-                    inc = PastIncident(r["job_id"], float(r["ts"]), r["node"], r["gpu"],
-                                       what_text, str(r["severity"] or "info"))  # fmt: skip
-                    key = (inc.job_id, inc.node, inc.gpu, inc.what)
-                    if key not in found or found[key].ts < inc.ts:
-                        found[key] = inc
-    return sorted(found.values(), key=lambda i: i.ts, reverse=True)[:MAX_INCIDENTS]

@@ -23,17 +23,11 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from slurmhealth.config import Config
-from slurmhealth.model import NodeSnapshot, XidEvent, normalize_pci_bus_id
-from slurmhealth.sidecar.state import Event, ExportState, JobLabels, TaskStats
+from slurmhealth.history import rows
+from slurmhealth.model import XidEvent, normalize_pci_bus_id
+from slurmhealth.sidecar.state import Event, ExportState, JobLabels
 
 log = logging.getLogger("slurmhealth.sidecar")
-
-SAMPLE_FIELDS = (
-    "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "temperature_c",
-    "margin_temperature_c", "power_w", "power_limit_w", "energy_j", "sm_clock_mhz",
-    "clock_event_reasons", "pcie_gen", "pcie_width", "pcie_replay_errors",
-    "ecc_volatile_uncorrectable", "remapped_rows_uncorrectable",
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,71 +57,6 @@ def _write_atomic(path: str, text: str) -> None:
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
-
-
-# metrics keys also stored as columns of ``samples`` (the report aggregates them in SQL)
-SAMPLE_COLUMNS = {
-    "utilization_gpu_pct": "util_pct", "power_w": "power_w",
-    "memory_used_bytes": "mem_used_bytes", "temperature_c": "temp_c",
-    "margin_temperature_c": "margin_c", "clock_event_reasons": "clock_reasons",
-    "pcie_gen": "pcie_gen", "pcie_width": "pcie_width", "nvlink_active": "nvlink_active",
-    "nvlink_errors": "nvlink_errors", "pcie_replay_errors": "pcie_replay",
-}  # fmt: skip
-
-
-def sample_columns(metrics: dict[str, Any]) -> dict[str, Any]:
-    return {col: metrics.get(key) for key, col in SAMPLE_COLUMNS.items()}
-
-
-def sample_rows(snapshot: NodeSnapshot, job_id: str) -> list[dict[str, Any]]:
-    """One ``samples`` row per GPU: the fields the report plots, None skipped."""
-    rows = []
-    for g in snapshot.gpus:
-        metrics = {k: v for k in SAMPLE_FIELDS if (v := getattr(g, k)) is not None}
-        if g.nvlinks:
-            metrics["nvlink_active"] = sum(1 for link in g.nvlinks if link.active)
-            metrics["nvlink_errors"] = sum(
-                (link.replay_errors or 0) + (link.recovery_errors or 0) for link in g.nvlinks
-            )
-        metrics["status"] = g.status.value
-        rows.append(
-            {
-                "ts": snapshot.ts,
-                "node": snapshot.node,
-                "job_id": job_id,
-                "gpu": g.index,
-                "uuid": g.uuid,
-                "metrics": metrics,
-                **sample_columns(metrics),
-            }
-        )
-    return rows
-
-
-def task_row(stats: TaskStats, snapshot: NodeSnapshot, job_id: str) -> dict[str, Any]:
-    metrics = {k: v for k, v in asdict(stats).items() if v is not None}
-    return {
-        "ts": snapshot.ts,
-        "node": snapshot.node,
-        "job_id": job_id,
-        "gpu": None,
-        "uuid": None,
-        "metrics": {"kind": "task", **metrics},
-    }
-
-
-def event_row(event: Event, node: str, job_id: str) -> dict[str, Any]:
-    return {
-        "ts": event.ts,
-        "node": node,
-        "job_id": job_id,
-        "gpu": event.gpu,
-        "uuid": event.uuid,
-        "kind": event.kind,
-        "severity": event.severity.label,
-        "message": event.message,
-        "evidence": dict(event.evidence),
-    }
 
 
 class Sidecar:
@@ -195,7 +124,7 @@ class Sidecar:
     def _flush(self) -> None:
         if not (self._pending_samples or self._pending_events):
             return
-        from slurmhealth.store import Batch, History
+        from slurmhealth.history import Batch, History
 
         batch = Batch(
             inserts=[("samples", r) for r in self._pending_samples]
@@ -210,7 +139,7 @@ class Sidecar:
         for e in events:
             log.warning("job %s event %s gpu %s: %s", self.labels.job_id, e.kind, e.gpu, e.message)
             self._event_counts[(e.kind, e.gpu)] += 1
-            self._pending_events.append(event_row(e, self.node, self.labels.job_id))
+            self._pending_events.append(rows.event_row(e, self.node, self.labels.job_id))
 
     def _new_xids(self, xids: list[XidEvent]) -> list[XidEvent]:
         """The event API and the kernel log report the same Xid: count it once."""
@@ -226,11 +155,12 @@ class Sidecar:
     # -- loop --------------------------------------------------------------------------
     def run(self) -> int:
         from slurmhealth.gpu import open_backend
+        from slurmhealth.history import History
+        from slurmhealth.history.read import drain_rows
         from slurmhealth.kernel_log import KernelLogReader
         from slurmhealth.sidecar.detectors import Detectors
         from slurmhealth.sidecar.task import TaskReader, peak_flops
         from slurmhealth.slurm import SlurmError, open_slurm
-        from slurmhealth.store import History
 
         signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
         signal.signal(signal.SIGINT, lambda *_: self._stop.set())
@@ -246,7 +176,7 @@ class Sidecar:
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
         with History(self.cfg.db_path(self.node)) as history:
             cursor = history.kv_get("kernel_log_cursor")  # read-only: the epilog owns it
-            suppressed = len(history.table_rows("drains", "state = 'suppressed'", []))
+            suppressed = len(drain_rows(history, state="suppressed"))
         xid_queue: list[XidEvent] = []
         xid_thread = threading.Thread(
             target=self._watch_xids, args=(backend, xid_queue), daemon=True, name="xid-watch"
@@ -286,10 +216,12 @@ class Sidecar:
                 self._record_events(events)
                 if any(e.kind in ("hang", "step_stall") for e in events):
                     self._capture_now(events)
-                self._pending_samples += sample_rows(snapshot, self.labels.job_id)
+                self._pending_samples += rows.sample_rows(snapshot, self.labels.job_id)
                 if stats is not None and stats.steps_total != last_steps:
                     last_steps = stats.steps_total  # the report's task facts (gpu = NULL)
-                    self._pending_samples.append(task_row(stats, snapshot, self.labels.job_id))
+                    self._pending_samples.append(
+                        rows.task_row(asdict(stats), snapshot, self.labels.job_id)
+                    )
                 with self._lock:
                     self._state = replace(
                         self._state,

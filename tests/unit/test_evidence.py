@@ -25,7 +25,8 @@ from slurmhealth.diagnose.facts import NodeFacts
 from slurmhealth.errors import UsageError
 from slurmhealth.evidence import capture, list_bundles, prune, read_manifest, write_summary
 from slurmhealth.evidence.sources import find_py_spy
-from slurmhealth.store import Batch, History
+from slurmhealth.history import Batch, History
+from slurmhealth.history.read import job_node_rows
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 JOB, NODE, UID = "77", "n1", 4242
@@ -209,7 +210,7 @@ def test_capture_writes_every_source_and_a_matching_manifest(
     host = (bundle / "host.txt").read_text()
     assert "driver_version: 550.90.07" in host and "uname -a: Linux" in host
     with History(cfg.db_path(NODE)) as h:
-        rows = h.table_rows("evidence", "job_id = ?", [JOB])
+        rows = list(job_node_rows(h, "evidence", JOB, NODE))
     assert result.recorded
     assert {r["path"]: r["sha256"] for r in rows} == {
         str(bundle / f["name"]): f["sha256"] for f in manifest["files"]

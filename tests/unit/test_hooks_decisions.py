@@ -23,11 +23,11 @@ from slurmhealth.gpu import GpuBackend
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.scenario import load_scenario
 from slurmhealth.gpu.sim import SimulatedNvml
+from slurmhealth.history import Batch, History
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.hooks.resume import resume
 from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo, SlurmError
-from slurmhealth.store import Batch, History
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 NODE = "n1"

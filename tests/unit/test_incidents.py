@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 from slurmhealth.config import load_config
+from slurmhealth.history import Batch, History
 from slurmhealth.report import incidents
-from slurmhealth.store import Batch, History
 from tests.conftest import run_cli
 
 

@@ -20,17 +20,16 @@ from slurmhealth.cli_report import parse_window, report
 from slurmhealth.config import load_config
 from slurmhealth.diagnose.facts import GpuStats, NodeFacts
 from slurmhealth.errors import UsageError
+from slurmhealth.history import Batch, History
+from slurmhealth.history.rows import sample_columns
 from slurmhealth.report.build import PermissionDenied, Report, build_report
 from slurmhealth.report.html import to_html
 from slurmhealth.report.render import print_report, to_json, to_markdown
-from slurmhealth.sidecar.run import sample_columns
-from slurmhealth.store import Batch, History
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 END = T0 + 3600
 XID_TS = T0 + 1800
 SCHEMA_PATH = Path(__file__).resolve().parents[2] / "docs" / "report-schema.json"
-HAS_ENGINE = importlib.util.find_spec("slurmhealth.diagnose.engine") is not None
 NOBODY = 65534
 
 
@@ -360,7 +359,6 @@ def test_past_incidents_same_gpu_or_xid(cluster: Path) -> None:
     assert "79" in r.past_incidents[0].what and "48" in r.past_incidents[1].what
 
 
-@pytest.mark.skipif(not HAS_ENGINE, reason="slurmhealth.diagnose.engine not written yet")
 def test_verdict_names_xid_node_gpu_and_drain(cluster: Path) -> None:
     r = build(cluster)
     assert r.diagnoses
@@ -520,11 +518,11 @@ def test_cli_errors(cluster: Path) -> None:
 
 
 def test_current_summary_stands_in_for_history_stale_one_does_not(cluster: Path) -> None:
-    from slurmhealth.report.collect import connect, node_facts
+    from slurmhealth.history.read import Reader
+    from slurmhealth.report.collect import node_facts
 
-    conn = connect(str(cluster / "db" / "n1.db"))
-    facts = node_facts(conn, "42", "n1")
-    conn.close()
+    with Reader(cluster / "db" / "n1.db") as db:
+        facts = node_facts(db, "42", "n1")
     folder = cluster / "evidence" / "42" / "n1"
     folder.mkdir()
     (folder / "summary.json").write_text(json.dumps(facts.to_dict()))

@@ -1,0 +1,255 @@
+"""Where ``slurmhealth report`` finds a job: every reachable history and the shared
+evidence dir's ``<job_id>/<node>/summary.json``, merged per node (a node's live history
+wins over its summary unless the summary was built from exactly the rows it holds now).
+
+Reads go through the history's named queries; nothing here knows SQL. Times are UTC s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from slurmhealth.config import Config
+from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+from slurmhealth.history import read
+from slurmhealth.report.collect import job_facts, node_facts
+
+MAX_INCIDENTS = 10
+Summaries = Mapping[str, tuple[str, dict[str, Any]]]  # node -> (summary.json path, data)
+
+
+@dataclass(frozen=True)
+class NodeEvidence:
+    node: str
+    source: str  # history | summary
+    bundle_dir: str | None
+    manifest: str | None  # manifest.json path when present
+    summary: str | None  # summary.json path when present
+    files: tuple[Mapping[str, Any], ...] = ()  # path, kind, size, sha256
+
+
+@dataclass(frozen=True)
+class PastIncident:
+    job_id: str | None
+    ts: float
+    node: str
+    gpu: int | None
+    what: str
+    severity: str
+
+
+@dataclass
+class OpenHistory:
+    path: str
+    db: read.Reader
+    nodes: list[str]  # nodes whose rows about the job this history holds
+
+
+def merge_job(a: JobFacts | None, b: JobFacts) -> JobFacts:
+    """Fill what ``a`` lacks from ``b`` (each node knows part: start on one, end on another)."""
+    if a is None:
+        return b
+    changes = {k: v for k, v in vars(b).items() if v not in (None, "", ()) and not getattr(a, k)}
+    merged = replace(a, **changes)
+    if a.start_ts and b.start_ts and b.start_ts < a.start_ts:
+        merged = replace(merged, start_ts=b.start_ts)
+    if a.end_ts and b.end_ts and b.end_ts > a.end_ts:
+        merged = replace(merged, end_ts=b.end_ts)
+    if _state_rank(b.state) > _state_rank(merged.state):  # a node that saw the end wins
+        merged = replace(merged, state=b.state)
+    if b.exit_code not in (None, "", "0:0") and merged.exit_code in (None, "", "0:0"):
+        merged = replace(merged, exit_code=b.exit_code)
+    return merged
+
+
+def _state_rank(state: str) -> int:
+    return {"": 0, "running": 1, "completed": 2}.get(state, 3)
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def evidence_root(cfg: Config, node: str) -> str:
+    return cfg.paths.evidence_dir.replace("{node}", node)
+
+
+def summaries(cfg: Config, job_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every node's ``summary.json`` of the job in the shared evidence dir, by node."""
+    out = {}
+    pattern = os.path.join(evidence_root(cfg, "*"), job_id, "*", "summary.json")
+    for path in sorted(glob.glob(pattern)):
+        data = _read_json(path)
+        if isinstance(data, dict) and data.get("node"):
+            out[str(data["node"])] = (path, data)
+    return out
+
+
+def _owner(db: read.Reader, job_id: str) -> int | None:
+    try:
+        return read.owner_uid(db, job_id)
+    except read.StoreError:
+        return None
+
+
+def scan(
+    cfg: Config, job_id: str, found: Summaries
+) -> tuple[JobFacts | None, int | None, list[OpenHistory]]:
+    """The job row and owner from every reachable history, and which nodes each one holds.
+    Two passes: the first may learn the job's node list, whose histories the second opens.
+    The caller closes the returned histories."""
+    job: JobFacts | None = None
+    owner: int | None = None
+    dbs: list[OpenHistory] = []
+    paths = read.history_paths(cfg)
+    for _ in range(2):
+        for path in paths:
+            if any(d.path == path for d in dbs) or (db := read.open_reader(path)) is None:
+                continue
+            try:
+                nodes, row = read.nodes_of_job(db, job_id), job_facts(db, job_id)
+            except read.StoreError:
+                db.close()
+                continue
+            dbs.append(OpenHistory(path, db, nodes))
+            job = job if row is None else merge_job(job, row)
+            owner = owner if owner is not None else _owner(db, job_id)
+        more = read.history_paths(cfg, (*(job.nodes if job else ()), *found))
+        if set(more) <= set(paths):
+            break
+        paths = more
+    for _path, data in found.values():
+        if isinstance(data.get("job"), dict):
+            with contextlib.suppress(TypeError):
+                extra = {**data["job"], "job_id": job_id}
+                extra["nodes"] = tuple(extra.get("nodes") or ())
+                extra["gpus"] = tuple(extra.get("gpus") or ())
+                job = merge_job(job, JobFacts(**extra))
+    return job, owner, dbs
+
+
+def read_nodes(
+    cfg: Config, job: JobFacts, dbs: list[OpenHistory], found: Summaries
+) -> tuple[list[NodeFacts], list[tuple[str, str, str]], list[NodeEvidence]]:
+    """Per node its live history when one holds it, else its summary.json."""
+    live: dict[str, OpenHistory] = {}
+    for d in dbs:
+        for node in d.nodes:
+            live.setdefault(node, d)
+    chosen: list[tuple[str, str, str, NodeFacts | None]] = []  # node, source, path, facts
+    for node in dict.fromkeys([*job.nodes, *sorted(live), *sorted(found)]):
+        summary = _node_summary(found, node)
+        if node in live and summary and _unchanged(live[node].db, job.job_id, node, summary):
+            # the epilog's precomputed facts of exactly these history rows
+            chosen.append((node, "summary-current", found[node][0], summary))
+        elif node in live:
+            chosen.append((node, "history", live[node].path, None))
+        elif summary is not None:
+            chosen.append((node, "summary", found[node][0], summary))
+    # (threads made this slower: each row tuple needs the GIL, so they only convoy)
+    nodes, sources, evidence = [], [], []
+    for node, source, path, nf in chosen:
+        if nf is None:
+            with read.Reader(path) as db:
+                nf = node_facts(db, job.job_id, node)
+        nodes.append(nf)
+        sources.append((node, source, path))
+        evidence.append(node_evidence(cfg, job.job_id, nf, source))
+    return nodes, sources, evidence
+
+
+def _node_summary(found: Summaries, node: str) -> NodeFacts | None:
+    try:
+        return NodeFacts.from_dict(found[node][1]) if node in found else None
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def _unchanged(db: read.Reader, job_id: str, node: str, nf: NodeFacts) -> bool:
+    """Whether the summary was built from exactly the rows the history holds now (rows are
+    only ever appended), so its aggregates can stand in for a day of samples."""
+    mine = {"check_runs": len(nf.runs), "findings": len(nf.findings), "events": len(nf.events),
+            "drains": len(nf.drains), "evidence": len(nf.evidence),
+            "samples": sum(g.samples for g in nf.gpus)}  # fmt: skip
+    try:
+        return read.job_row_counts(db, job_id, node) == mine
+    except read.StoreError:
+        return False
+
+
+def node_evidence(cfg: Config, job_id: str, nf: NodeFacts, source: str) -> NodeEvidence:
+    """The node's bundle files: its history's ``evidence`` rows and its manifest."""
+    folder = os.path.join(evidence_root(cfg, nf.node), job_id, nf.node)
+    manifest = os.path.join(folder, "manifest.json")
+    summary = os.path.join(folder, "summary.json")
+    files: dict[str, Mapping[str, Any]] = {}
+    for row in nf.evidence:
+        if row.get("path"):
+            files[str(row["path"])] = _file_entry(row, None)
+    data = _read_json(manifest) if os.path.exists(manifest) else None
+    entries: Any = data.get("files", data.get("entries")) if isinstance(data, dict) else data
+    for item in entries if isinstance(entries, list) else []:
+        entry = _file_entry(item if isinstance(item, dict) else {"path": item}, folder)
+        files.setdefault(str(entry["path"]), entry)
+    bundle = nf.bundle_dir or (folder if os.path.isdir(folder) else None)
+    return NodeEvidence(
+        node=nf.node,
+        source=source,
+        bundle_dir=bundle,
+        manifest=manifest if os.path.exists(manifest) else None,
+        summary=summary if os.path.exists(summary) else None,
+        files=tuple(files.values()),
+    )
+
+
+def _file_entry(item: Mapping[str, Any], folder: str | None) -> dict[str, Any]:
+    path = str(item.get("path") or item.get("name") or "")
+    if folder and path and not os.path.isabs(path):
+        path = os.path.join(folder, path)
+    return {
+        "path": path,
+        "kind": item.get("kind"),
+        "size": item.get("size"),
+        "sha256": item.get("sha256"),
+    }
+
+
+def _xids(facts: Facts) -> set[int]:
+    found = set()
+    for nf in facts.nodes:
+        for row in (*nf.findings, *nf.events):
+            ev = row.get("evidence")
+            if isinstance(ev, dict) and isinstance(ev.get("xid"), int):
+                found.add(int(ev["xid"]))
+    return found
+
+
+def past_incidents(dbs: list[OpenHistory], job_id: str, facts: Facts) -> list[PastIncident]:
+    """Other jobs' findings and events on this job's GPUs or with its Xids, newest first."""
+    pairs = {(nf.node, g.gpu) for nf in facts.nodes for g in nf.gpus}
+    rows = [(nf.node, r) for nf in facts.nodes for r in (*nf.findings, *nf.events)]
+    pairs |= {(n, r["gpu"]) for n, r in rows if r.get("gpu") is not None}
+    xids = _xids(facts)
+    if not pairs and not xids:
+        return []
+    found: dict[tuple[Any, ...], PastIncident] = {}
+    for d in dbs:
+        with contextlib.suppress(read.StoreError):
+            for r in read.past_incident_rows(d.db, job_id, pairs, xids):
+                inc = PastIncident(r["job_id"], float(r["ts"]), r["node"], r["gpu"],
+                                   f"{r['what']}: {r['message']}",
+                                   str(r["severity"] or "info"))  # fmt: skip
+                key = (inc.job_id, inc.node, inc.gpu, inc.what)
+                if key not in found or found[key].ts < inc.ts:
+                    found[key] = inc
+    return sorted(found.values(), key=lambda i: i.ts, reverse=True)[:MAX_INCIDENTS]

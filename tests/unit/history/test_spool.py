@@ -1,0 +1,151 @@
+"""The spool: what the database refused is kept and ingested later; nothing is lost."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from slurmhealth.errors import StoreError
+from slurmhealth.history import History
+from slurmhealth.history.read import runs
+from tests.unit.history.helpers import query, run_batch, spooled_run_ids, start_writers
+
+
+def test_concurrent_spooling_and_ingesting_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+    spool = tmp_path / "spool.jsonl"
+    (tmp_path / "broken").write_text("")  # the writers' db cannot be opened, so they spool
+    broken = tmp_path / "broken" / "history.db"
+    procs = start_writers(broken, ["a", "b"], 300, spool)
+    history = History(tmp_path / "history.db", spool_path=spool)
+    ingested = 0
+    while any(p.poll() is None for p in procs):
+        ingested += history.ingest_spool()
+    assert [p.communicate(timeout=60)[0].strip() for p in procs] == ["0", "0"]
+    ingested += history.ingest_spool()
+    assert ingested == 600
+    assert query(
+        tmp_path / "history.db", "SELECT count(DISTINCT run_id), count(*) FROM check_runs"
+    ) == [(600, 600)]
+    assert not spool.exists() and not (tmp_path / "spool.jsonl.rejected").exists()
+
+
+def test_unwritable_db_spools_then_next_write_ingests(tmp_path: Path) -> None:
+    blocker = tmp_path / "state"
+    blocker.write_text("a regular file where the db directory should be")
+    db, spool = blocker / "history.db", tmp_path / "spool.jsonl"
+    assert History(db, spool_path=spool).write(run_batch("r1", 1.0)) is False
+    assert spooled_run_ids(spool) == ["r1"]
+
+    blocker.unlink()
+    blocker.mkdir()
+    history = History(db, spool_path=spool)
+    assert history.write(run_batch("r2", 2.0))
+    assert [r["run_id"] for r in runs(history)] == ["r2", "r1"]
+    assert all(len(r["findings"]) == 1 for r in runs(history))
+    assert not spool.exists()
+
+
+def test_unwritable_spool_loses_the_record_loudly_and_never_uses_a_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))
+    blocker = tmp_path / "state"
+    blocker.write_text("")
+    db = blocker / "history.db"  # the default spool next to it cannot be written either
+    with caplog.at_level(logging.WARNING, logger="slurmhealth.history"):
+        assert History(db).write(run_batch("r1", 1.0)) is False
+    [record] = caplog.records
+    assert record.levelno == logging.ERROR and "lost" in record.getMessage()
+    assert list(shared_tmp.iterdir()) == []
+    planted = shared_tmp / f"slurmhealth-spool-{os.getuid()}.jsonl"
+    planted.write_text(run_batch("forged", 1.0).to_json() + "\n")  # what a user could leave
+    blocker.unlink()
+    history = History(db)
+    assert history.write(run_batch("r2", 2.0))
+    assert [r["run_id"] for r in runs(history)] == ["r2"]
+
+
+def test_locked_db_spools_and_next_write_ingests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
+    History(db).write(run_batch("r0", 0.5))
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="slurmhealth.history"):
+            history = History(db, busy_timeout_ms=200)
+            assert history.write(run_batch("r1", 1.0)) is False
+            assert spooled_run_ids(spool) == ["r1"]
+            # the failed attempt to ingest r1 puts it back before r1b is spooled
+            assert history.write(run_batch("r1b", 1.5)) is False
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.WARNING]
+    assert str(db) in caplog.records[0].getMessage()
+    assert "locked" in caplog.records[0].getMessage()
+    assert spooled_run_ids(spool) == ["r1", "r1b"]
+
+    history = History(db, busy_timeout_ms=200)
+    assert history.write(run_batch("r2", 2.0))
+    assert [r["run_id"] for r in runs(history)] == ["r2", "r1b", "r1", "r0"]
+    assert not spool.exists()
+
+
+def test_corrupt_db_spools_without_raising(tmp_path: Path) -> None:
+    db = tmp_path / "history.db"
+    db.write_bytes(os.urandom(8192))
+    history = History(db)
+    assert history.write(run_batch("r1", 1.0)) is False
+    assert spooled_run_ids(tmp_path / "history.db.spool.jsonl") == ["r1"]
+    assert history.integrity_check() != "ok"
+    with pytest.raises(StoreError):
+        runs(history)
+    with pytest.raises(StoreError):
+        history.kv_get("x")
+
+
+def test_invalid_spool_lines_are_skipped_and_kept(tmp_path: Path) -> None:
+    db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
+    good = [run_batch(f"r{i}", float(i)).to_json() for i in (1, 2)]
+    bad = ['{"inserts": [["check_runs", {"run_id": "trunc', '{"inserts": [["nope", {}]]}']
+    spool.write_text("\n".join([good[0], bad[0], bad[1], good[1]]) + "\n")
+    history = History(db)
+    assert history.ingest_spool() == 2
+    assert sorted(r["run_id"] for r in runs(history)) == ["r1", "r2"]
+    assert not spool.exists()
+    assert (tmp_path / "history.db.spool.jsonl.rejected").read_text().splitlines() == bad
+
+
+def test_spooled_batch_the_db_refuses_is_kept_aside(tmp_path: Path) -> None:
+    db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
+    history = History(db)
+    assert history.write(run_batch("dup", 1.0))
+    spool.write_text(run_batch("dup", 1.0).to_json() + "\n" + run_batch("r2", 2.0).to_json() + "\n")
+    assert history.ingest_spool() == 1
+    assert sorted(r["run_id"] for r in runs(history)) == ["dup", "r2"]
+    assert query(db, "SELECT count(*) FROM findings") == [(2,)]  # refused batch fully undone
+    assert spooled_run_ids(tmp_path / "history.db.spool.jsonl.rejected") == ["dup"]
+
+
+def test_leftover_ingesting_file_of_dead_process_is_picked_up(tmp_path: Path) -> None:
+    db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"{spool.name}.ingesting.{dead.pid}").write_text(run_batch("r1", 1.0).to_json())
+    alive = tmp_path / f"{spool.name}.ingesting.1"  # pid 1 is alive: its owner is still busy
+    alive.write_text(run_batch("r2", 2.0).to_json() + "\n")
+    history = History(db)
+    assert history.write(run_batch("r3", 3.0))
+    assert sorted(r["run_id"] for r in runs(history)) == ["r1", "r3"]
+    assert sorted(p.name for p in tmp_path.iterdir() if "ingesting" in p.name) == [alive.name]
