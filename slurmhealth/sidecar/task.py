@@ -37,8 +37,8 @@ WINDOW_STEPS = 50
 MAX_LINE_BYTES = 4096  # a real record is about 250 bytes
 MAX_RANK_FILES = 1024  # rank files followed per job and node; more are ignored and counted
 MAX_SCAN_ENTRIES = 8 * MAX_RANK_FILES  # directory entries looked at per read
-MAX_BACKLOG_BYTES = 256 << 10  # per file and read: when further behind, keep only the tail
-MAX_READ_BYTES = 4 << 20  # all files together per read; the rest waits for the next one
+MAX_BACKLOG_BYTES = 64 << 10  # per file and read (~250 lines): when further behind, only the tail
+MAX_READ_BYTES = 256 << 10  # all files together per read (CPU bound); the rest waits
 FIELDS = ("step_seconds", "samples", "tokens", "flops", "comm_seconds", "data_wait_seconds")
 RANGES: Mapping[str, tuple[float, float]] = MappingProxyType(
     {
