@@ -46,7 +46,12 @@ class Bound:
         return above and value <= self.high
 
     def __str__(self) -> str:
-        return f"{'(' if self.low_open else '['}{self.low:g}, {self.high:g}]"
+        low, high = _number_text(self.low), _number_text(self.high)
+        return f"{'(' if self.low_open else '['}{low}, {high}]"
+
+
+def _number_text(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
 
 
 POSITIVE_S = Bound(0, 30 * DAY, low_open=True)  # a timeout or a window: above 0
