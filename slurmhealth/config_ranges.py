@@ -112,10 +112,17 @@ def validate(cfg: Config, env: Mapping[str, str]) -> None:
                 _check_value(cfg, f"{section.name}.{key}", value)
     for check, table in cfg.checks.settings.items():
         for key, value in table.items():
-            if isinstance(value, float) and not math.isfinite(value):
+            if isinstance(value, int | float) and not _finite(value):
                 where = f"checks.{check}"
                 _fail(cfg, f"{where}.{key}", f"must be finite, got {value}", where)
     _cross_rules(cfg, env)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        return False
 
 
 def _check_value(cfg: Config, dotted: str, value: Any) -> None:

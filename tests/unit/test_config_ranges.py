@@ -53,6 +53,9 @@ def load(tmp_path: Path, text: str, **env: str) -> Config:
         ('[baseline.pinned]\n"nccl.busbw" = "fast"', "baseline.pinned.nccl.busbw"),
         ('[baseline.pinned]\n"nccl.busbw" = 0', "baseline.pinned.nccl.busbw"),
         ("[checks.thermal]\nwarn_celsius = nan", "checks.thermal.warn_celsius"),
+        ("[checks.thermal]\nwarn_celsius = " + "9" * 400, "checks.thermal.warn_celsius"),
+        ("[gpu]\nsnapshot_timeout_s = " + "9" * 400, "gpu.snapshot_timeout_s"),
+        ("[sidecar]\nport_max = " + "9" * 400, "sidecar.port_max"),
     ],
 )
 def test_each_bad_value_names_the_file_and_the_key(tmp_path: Path, text: str, key: str) -> None:
