@@ -9,12 +9,14 @@ Every value remembers where it came from, for ``slurmhealth config show``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
+from slurmhealth.config_ranges import validate as validate_ranges
 from slurmhealth.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/slurmhealth/config.toml"
@@ -249,15 +251,24 @@ def _coerce(value: Any, tp: Any, source: str, key: str, from_text: bool) -> Any:
     if not ok:
         raise ConfigError(source, key, f"expected {_type_name(tp)}, got {value!r}")
     if tp is float:
-        value = float(value)
+        try:
+            value = float(value)
+        except OverflowError:  # a 400-digit TOML integer
+            raise ConfigError(source, key, f"out of range ({len(str(value))} digits)") from None
     choices = CHOICES.get(key)
     if choices and value not in choices:
         raise ConfigError(source, key, f"must be one of {', '.join(choices)}, got {value!r}")
     return value
 
 
+@functools.cache
 def _section_fields(section: str) -> dict[str, Any]:
-    return get_type_hints(_SECTIONS[section])
+    return get_type_hints(_SECTIONS[section])  # slow (it compiles the annotations): once
+
+
+def _shown(name: str) -> str:
+    """A key from a file as an error names it: on one line, whatever the file holds."""
+    return name if name.isprintable() else repr(name)
 
 
 def _apply(
@@ -268,12 +279,15 @@ def _apply(
 ) -> None:
     for section, table in data.items():
         if section not in _SECTIONS:
-            raise ConfigError(source, section, f"unknown section (known: {', '.join(_SECTIONS)})")
+            known = ", ".join(_SECTIONS)
+            raise ConfigError(source, _shown(section), f"unknown section (known: {known})")
         if not isinstance(table, dict):
             raise ConfigError(source, section, "expected a table")
         fields = _section_fields(section)
         for key, value in table.items():
-            dotted = f"{section}.{key}"
+            dotted = f"{section}.{_shown(key)}"
+            if not key.isprintable():  # the error (and `config show`) stay one line each
+                raise ConfigError(source, dotted, "not a valid key name")
             if section == "checks" and key != "disabled":
                 # [checks.<name>] threshold tables: the check catalog validates names and keys
                 if not isinstance(value, dict):
@@ -281,8 +295,10 @@ def _apply(
                 for tkey, tval in value.items():
                     if isinstance(tval, bool) or not isinstance(tval, int | float | str):
                         raise ConfigError(
-                            source, f"{dotted}.{tkey}", f"expected a number, got {tval!r}"
+                            source, f"{dotted}.{_shown(tkey)}", f"expected a number, got {tval!r}"
                         )
+                    if not tkey.isprintable():
+                        raise ConfigError(source, f"{dotted}.{tkey!r}", "not a valid key name")
                 settings = dict(values["checks"].get("settings", {}))
                 settings[key] = {**settings.get(key, {}), **value}
                 values["checks"]["settings"] = settings
@@ -344,7 +360,9 @@ def load_config(
         if raw is not None:
             _set_dotted(values, sources, dotted, raw, f"flag {dotted}", False)
     sections = {name: _SECTIONS[name](**kw) for name, kw in values.items()}
-    return Config(**sections, sources=sources)
+    cfg = Config(**sections, sources=sources)
+    validate_ranges(cfg, env)  # ranges and cross-field rules, after the types
+    return cfg
 
 
 def effective_items(cfg: Config) -> list[tuple[str, Any, str]]:

@@ -38,11 +38,11 @@ def _number(value: Any) -> float | int | None:
     """A JSON-safe number from an int, float or anything with ``__float__`` (a tensor)."""
     if value is None or isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
+    if isinstance(value, int) and -(2**63) <= value < 2**63:
+        return value  # a longer int is written as a float (the reader drops 400 digits)
     try:
         f = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return f if math.isfinite(f) else None
 

@@ -1,0 +1,154 @@
+"""Config ranges and cross-field rules: a value that would silently turn a safeguard off or
+make a hook outlive its wrapper is refused at load, naming the file and the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from slurmhealth import config_ranges
+from slurmhealth.config import Config, load_config
+from slurmhealth.config_ranges import RANGES, wrapper_timeout
+from slurmhealth.errors import ConfigError
+from tests.conftest import run_cli
+
+
+def load(tmp_path: Path, text: str, **env: str) -> Config:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    return load_config(str(path), env=env)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("[policy]\ndrain_max_share = 5", "policy.drain_max_share"),  # the breaker off
+        ("[policy]\ndrain_max_share = 0", "policy.drain_max_share"),
+        ("[policy]\ndrain_max_share = nan", "policy.drain_max_share"),
+        ("[sidecar]\nport_min = 9500\nport_max = 9400", "sidecar.port_min"),
+        ("[sidecar]\nport_min = 0", "sidecar.port_min"),
+        ("[sidecar]\nport_max = 70000", "sidecar.port_max"),
+        ("[sidecar]\ninterval_s = 0", "sidecar.interval_s"),
+        ("[sidecar]\ninterval_s = 0.5", "sidecar.interval_s"),  # under the documented 1 s
+        ("[sidecar]\nflush_every = 0", "sidecar.flush_every"),
+        ("[sidecar]\nstraggler_ratio = 1.5", "sidecar.straggler_ratio"),
+        ("[sidecar]\nhang_idle_pct = 101", "sidecar.hang_idle_pct"),
+        ("[sidecar]\nstop_grace_s = -1", "sidecar.stop_grace_s"),
+        ("[gpu]\nexpected_count = -3", "gpu.expected_count"),
+        ("[gpu]\nsnapshot_timeout_s = 0", "gpu.snapshot_timeout_s"),
+        ("[gpu]\nsnapshot_timeout_s = inf", "gpu.snapshot_timeout_s"),
+        ("[gpu]\nsnapshot_timeout_s = 9", "gpu.snapshot_timeout_s"),  # the prolog wrapper: 8 s
+        ("[kernel_log]\nbudget_s = 4\n[gpu]\nsnapshot_timeout_s = 4", "gpu.snapshot_timeout_s"),
+        ("[slurm]\ncommand_timeout_s = 0", "slurm.command_timeout_s"),
+        ("[slurm]\ncommand_timeout_s = 8", "slurm.command_timeout_s"),
+        ("[evidence]\nbudget_s = 30", "evidence.budget_s"),  # the epilog wrapper: 20 s
+        ("[evidence]\nsource_max_bytes = 0", "evidence.source_max_bytes"),
+        ("[baseline]\nwarn_pct = 30\nfail_pct = 20", "baseline.warn_pct"),
+        ("[baseline]\nprolog_bench_timeout_s = 10", "baseline.prolog_bench_timeout_s"),
+        ('[gpu.nvlinks_per_model]\n"NVIDIA H100" = -1', "gpu.nvlinks_per_model.NVIDIA H100"),
+        ('[gpu.nvlinks_per_model]\n"NVIDIA H100" = 1.5', "gpu.nvlinks_per_model.NVIDIA H100"),
+        ('[baseline.pinned]\n"nccl.busbw" = "fast"', "baseline.pinned.nccl.busbw"),
+        ('[baseline.pinned]\n"nccl.busbw" = 0', "baseline.pinned.nccl.busbw"),
+        ("[checks.thermal]\nwarn_celsius = nan", "checks.thermal.warn_celsius"),
+        ("[checks.thermal]\nwarn_celsius = " + "9" * 400, "checks.thermal.warn_celsius"),
+        ("[gpu]\nsnapshot_timeout_s = " + "9" * 400, "gpu.snapshot_timeout_s"),
+        ("[sidecar]\nport_max = " + "9" * 400, "sidecar.port_max"),
+    ],
+)
+def test_each_bad_value_names_the_file_and_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, text)
+    assert (err.value.source, err.value.key) == (str(tmp_path / "config.toml"), key)
+
+
+def test_the_defaults_and_the_shipped_settings_pass(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "")
+    assert cfg.sidecar.interval_s == 10.0
+    sane = load(tmp_path, "[sidecar]\ninterval_s = 1\nport_min = 9450\nport_max = 9450\n")
+    assert sane.sidecar.port_min == sane.sidecar.port_max
+
+
+def test_a_value_from_the_environment_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, "", SLURMHEALTH_SNAPSHOT_TIMEOUT="0")
+    assert err.value.source == "environment SLURMHEALTH_SNAPSHOT_TIMEOUT"
+    assert err.value.key == "gpu.snapshot_timeout_s"
+    with pytest.raises(ConfigError, match=r"gpu\.expected_count"):
+        load(tmp_path, "", SLURMHEALTH_EXPECTED_GPUS="-1")
+
+
+def test_hook_steps_must_fit_the_wrapper_timeout_from_the_environment(tmp_path: Path) -> None:
+    """The wrappers export what they read from their env file; slurmhealth sees the same."""
+    wide = {"SLURMHEALTH_PROLOG_TIMEOUT": "15", "SLURMHEALTH_EPILOG_TIMEOUT": "30"}
+    assert load(tmp_path, "[gpu]\nsnapshot_timeout_s = 9", **wide)
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, "", SLURMHEALTH_PROLOG_TIMEOUT="4")  # the default 5 s snapshot
+    assert err.value.source == "environment SLURMHEALTH_PROLOG_TIMEOUT"
+    assert "gpu.snapshot_timeout_s 5 s + kernel_log.budget_s 1 s" in str(err.value)
+    with pytest.raises(ConfigError, match="epilog wrapper"):
+        load(tmp_path, "", SLURMHEALTH_EPILOG_TIMEOUT="12")
+    with pytest.raises(ConfigError, match="SLURMHEALTH_PROLOG_TIMEOUT"):
+        load(tmp_path, "", SLURMHEALTH_PROLOG_TIMEOUT="soon")
+    assert wrapper_timeout({"SLURMHEALTH_EPILOG_TIMEOUT": "1m"}, "epilog") == (
+        60.0,
+        "SLURMHEALTH_EPILOG_TIMEOUT",
+    )
+    assert wrapper_timeout({}, "prolog") == (8.0, "SLURMHEALTH_PROLOG_TIMEOUT default")
+
+
+def test_the_documented_wrapper_defaults_are_the_scripts_defaults() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for hook, (var, default) in config_ranges.WRAPPER_TIMEOUTS.items():
+        script = (root / hook / f"slurmhealth-{hook}").read_text()
+        assert f"T=${{{var}:-{default:g}}}" in script
+
+
+def test_every_numeric_setting_has_a_range() -> None:
+    """A new numeric field without a range would only get the loose fallback."""
+    missing = []
+    for section in dataclasses.fields(Config):
+        obj = section.default_factory() if callable(section.default_factory) else None
+        if section.name in ("checks", "sources") or not dataclasses.is_dataclass(obj):
+            continue
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            numeric = isinstance(value, int | float) and not isinstance(value, bool)
+            if numeric and f"{section.name}.{f.name}" not in RANGES:
+                missing.append(f"{section.name}.{f.name}")
+    assert missing == []
+    for key, bound in RANGES.items():
+        section, name = key.split(".")
+        default = getattr(getattr(Config(), section), name)
+        values = default.values() if isinstance(default, dict) else [default]
+        assert all(bound.allows(v) for v in values), key
+
+
+def test_config_check_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURMHEALTH_", "SLURM"))}
+    env |= {"SLURMHEALTH_CONFIG": str(path), "SLURMHEALTH_DB": str(tmp_path / "h.db")}
+    for text, key in [
+        ("[policy]\ndrain_max_share = 5\n", "policy.drain_max_share"),
+        ("[sidecar]\nport_min = 9600\n", "sidecar.port_min"),
+        ("[gpu]\nsnapshot_timeout_s = 30.0\n", "gpu.snapshot_timeout_s"),
+    ]:
+        path.write_text(text)
+        proc = run_cli("config", "check", env=env)
+        assert proc.returncode == 2, proc.stderr
+        (line,) = proc.stderr.strip().splitlines()
+        assert str(path) in line and key in line and "Traceback" not in proc.stderr
+    path.write_text("[policy]\ndrain_max_share = 1.0\n")
+    proc = run_cli("config", "check", env=env)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "text", ['[gpu]\n"a\\nb" = 1', '["x\\ny"]\na = 1', '[checks.thermal]\n"t\\rx" = 1']
+)
+def test_a_key_with_a_newline_still_gives_one_line(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, text)
+    assert "\n" not in str(err.value) and "\r" not in str(err.value)
