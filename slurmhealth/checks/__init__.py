@@ -14,7 +14,11 @@ from typing import Any
 from slurmhealth.errors import ConfigError
 from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
 
-PHASES = ("check", "prolog", "epilog", "sidecar", "validate")
+PHASES = ("check", "prolog", "epilog", "healthcheck", "validate", "sidecar")
+"""Where checks run: ``slurmhealth check`` by hand, the job's prolog and epilog, the idle
+node's health check, ``slurmhealth validate``, and the sidecar (each interval of a job)."""
+RUNS = PHASES[:-1]  # one-off runs (the default): the sidecar adds only the checks it maps
+EVERYWHERE = PHASES
 
 
 @dataclass(frozen=True)
@@ -56,13 +60,15 @@ def check(
     action: Action,
     hint: str,
     thresholds: Mapping[str, float] | None = None,
-    phases: Iterable[str] = PHASES,
+    phases: Iterable[str] = RUNS,
 ) -> Callable[[CheckFn], CheckFn]:
     """Register a check. A second check with the same name is a programming error."""
 
     def register(fn: CheckFn) -> CheckFn:
         if name in REGISTRY:
             raise ValueError(f"check {name!r} registered twice")
+        if unknown := set(phases) - set(PHASES):
+            raise ValueError(f"check {name!r}: unknown phase(s) {sorted(unknown)}")
         REGISTRY[name] = CheckSpec(
             name, description, fn, action, hint, dict(thresholds or {}), tuple(phases)
         )
@@ -129,18 +135,28 @@ def validate_settings(
                 raise ConfigError(source, f"checks.{name}.{key}", f"expected a number: {value!r}")
 
 
+def resolved_thresholds(
+    spec: CheckSpec, settings: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, float]:
+    """The thresholds a check runs with: its defaults, overridden by ``[checks.<name>]``."""
+    return {**spec.thresholds, **(settings or {}).get(spec.name, {})}
+
+
+def enabled(phase: str, disabled: Iterable[str] = ()) -> list[CheckSpec]:
+    """The checks that run in ``phase``, minus ``[checks] disabled``, in catalog order."""
+    off = set(disabled)
+    return [s for s in catalog().values() if s.name not in off and phase in s.phases]
+
+
 def run_checks(
     ctx: CheckContext,
     settings: Mapping[str, Mapping[str, float]] | None = None,
     disabled: Iterable[str] = (),
 ) -> list[Finding]:
     """Run every enabled check for ``ctx.phase``; a crashing check is a warning, not a fail."""
-    off = set(disabled)
     out: list[Finding] = []
-    for spec in catalog().values():
-        if spec.name in off or ctx.phase not in spec.phases:
-            continue
-        th = {**spec.thresholds, **(settings or {}).get(spec.name, {})}
+    for spec in enabled(ctx.phase, disabled):
+        th = resolved_thresholds(spec, settings)
         try:
             out.extend(spec.fn(ctx, th))
         except Exception as exc:  # fail open, loudly

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, Severity
 
 
@@ -16,6 +16,7 @@ from slurmhealth.model import Action, Finding, Severity
     hint="uncorrectable memory error: drain, reset the GPU to trigger row remapping, then "
     "check `nvidia-smi -q -d ROW_REMAPPER`; RMA if remapping fails",
     thresholds={"volatile_max": 0, "aggregate_max": 0},
+    phases=EVERYWHERE,
 )
 def ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -52,6 +53,7 @@ def ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Findin
     "without row remapping, no retired pages pending.",
     action=Action.RESET,
     hint="reset the GPU (nvidia-smi -r -i N) to apply the pending remap",
+    phases=EVERYWHERE,
 )
 def row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []

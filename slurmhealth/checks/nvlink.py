@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, NodeSnapshot, Severity
 
 COUNTERS = ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors")
@@ -35,6 +35,7 @@ def counters_of(snapshot: NodeSnapshot) -> dict[str, dict[str, int]]:
     action=Action.DRAIN,
     hint="an NVLink is down and NCCL will fall back to slower paths: check "
     "`nvidia-smi nvlink -s -i N`, the NVSwitch trays and fabric manager; reset or reboot",
+    phases=EVERYWHERE,
 )
 def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     node_has_links = any(link.active for g in readable(ctx) for link in g.nvlinks or ())
@@ -77,6 +78,7 @@ def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]
     hint="a marginal NVLink (cable, connector or NVSwitch port): check "
     "`nvidia-smi nvlink -e -i N`; reseat/replace and re-run nccl-tests",
     thresholds={"replay_per_min": 1, "recovery_per_min": 1, "crc_fail_per_s": 100},
+    phases=EVERYWHERE,
 )
 def nvlink_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     prev: Mapping[str, Any] = ctx.previous_counters or {}

@@ -15,8 +15,8 @@ from dataclasses import asdict
 
 from slurmhealth.config import Config
 from slurmhealth.hooks.job import Job
+from slurmhealth.model import JobLabels
 from slurmhealth.sidecar.run import SidecarFiles
-from slurmhealth.sidecar.state import JobLabels
 
 log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"

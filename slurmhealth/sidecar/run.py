@@ -23,8 +23,15 @@ from http.server import ThreadingHTTPServer
 from typing import Any
 
 from slurmhealth.config import Config
-from slurmhealth.model import NodeSnapshot, XidEvent, normalize_pci_bus_id
-from slurmhealth.sidecar.state import Event, ExportState, JobLabels, TaskStats
+from slurmhealth.model import (
+    ExportState,
+    JobLabels,
+    NodeSnapshot,
+    TaskStats,
+    XidEvent,
+    normalize_pci_bus_id,
+)
+from slurmhealth.sidecar.state import Event
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -238,7 +245,7 @@ class Sidecar:
         server = self._serve()
         self._announce()
         log.info("job %s: sidecar on port %s for GPUs %s", self.labels.job_id, self.port, self.gpus)
-        detectors = Detectors(self.cfg.sidecar, self.gpus)
+        detectors = Detectors(self.cfg, self.gpus)
         slurm = open_slurm(self.cfg.slurm.backend, self.cfg.slurm.command_timeout_s)
         source = self.cfg.kernel_log.source
         if source == "auto":

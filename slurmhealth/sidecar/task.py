@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from slurmhealth.sidecar.state import TaskStats
+from slurmhealth.model import TaskStats
 
 WINDOW_STEPS = 50
 MAX_BACKLOG_BYTES = 1 << 20  # on a first read (or after falling behind) keep only the tail

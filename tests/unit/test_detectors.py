@@ -11,10 +11,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import lru_cache
 
-from slurmhealth.config import SidecarConfig
-from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink, Severity, XidEvent
+from slurmhealth.config import Config, SidecarConfig
+from slurmhealth.model import (
+    GpuState,
+    GpuStatus,
+    NodeSnapshot,
+    NvLink,
+    Severity,
+    TaskStats,
+    XidEvent,
+)
 from slurmhealth.sidecar.detectors import KINDS, Detectors
-from slurmhealth.sidecar.state import Event, TaskStats
+from slurmhealth.sidecar.state import Event
 
 H100 = "NVIDIA H100 80GB HBM3"
 BUS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
@@ -62,7 +70,7 @@ def run(
 
 
 def detectors(**cfg: float) -> Detectors:
-    return Detectors(SidecarConfig(**cfg), JOB_GPUS)  # type: ignore[arg-type]
+    return Detectors(Config(sidecar=SidecarConfig(**cfg)), JOB_GPUS)  # type: ignore[arg-type]
 
 
 def only(events: list[Event]) -> Event:
@@ -160,7 +168,7 @@ def test_xid_79_mapped_to_its_gpu_by_bus_id() -> None:
 
 
 def test_xid_application_level_is_recorded_not_critical() -> None:
-    det = Detectors(SidecarConfig(), [0, 1])
+    det = Detectors(Config(), [0, 1])
     gpu_by_bus = {gpu(i).pci_bus_id or "": i for i in range(8)}
     xids = [
         XidEvent(xid=13, pci_bus_id="0000:2a:00", message="", raw="", ts=None),
@@ -248,7 +256,7 @@ def test_straggler_by_power_when_utilisation_looks_equal() -> None:
 
 
 def test_straggler_needs_two_gpus() -> None:
-    det = Detectors(SidecarConfig(), [3])
+    det = Detectors(Config(), [3])
     assert run(det, range(0, 900, 10), lambda t: snap(t, g3=gpu(3, 10.0))) == []
 
 
