@@ -7,6 +7,7 @@ serves ``slurmhealth check``, the prolog, the epilog and the sidecar.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +32,16 @@ class CheckContext:
     expected_count: int = 0
     expected_driver: str = ""
     nvlinks_per_model: Mapping[str, int] = field(default_factory=dict)
-    # counters stored by the previous run: {"ts": float, "gpus": {uuid: {name: value}}}
-    previous_counters: Mapping[str, Any] | None = None
+    # earlier reads of the error counters (slurmhealth.checks.counters), for rates
+    counter_history: Mapping[str, Any] | None = None
     xids: tuple[XidEvent, ...] = ()
+
+    @functools.cached_property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The snapshot's cumulative error counters per GPU UUID (read once per run)."""
+        from slurmhealth.checks.counters import counters_of
+
+        return counters_of(self.snapshot)
 
 
 CheckFn = Callable[[CheckContext, Mapping[str, float]], list[Finding]]

@@ -20,7 +20,7 @@ from slurmhealth.model import Finding, NodeSnapshot, Severity
 
 log = logging.getLogger("slurmhealth.check")
 
-COUNTERS_KEY = "nvlink_counters"
+COUNTERS_KEY = "nvlink_counters"  # every error counter since history format 2
 INVENTORY_KEY = "gpu_inventory"
 _IDENTITY = ("uuid", "pci_bus_id", "serial", "name")
 CURSOR_KEY = "kernel_log_cursor"
@@ -81,14 +81,6 @@ class CheckResult:
         }
 
 
-def _merge_counters(previous: Any, snapshot: NodeSnapshot) -> dict[str, Any]:
-    from slurmhealth.checks.nvlink import counters_of
-
-    gpus = dict(previous.get("gpus", {})) if isinstance(previous, dict) else {}
-    gpus.update(counters_of(snapshot))
-    return {"ts": snapshot.ts, "gpus": gpus}
-
-
 def _inventory(previous: Any, snapshot: NodeSnapshot) -> dict[str, dict[str, Any]]:
     """Last known identity of each GPU index (UUID, bus id, serial), updated from readable
     GPUs, so a GPU that is lost or hung can still be named for the RMA ticket."""
@@ -128,7 +120,7 @@ def run_check(
     """Run the checks on ``gpus`` (default all) and record the run, with ``job_row``
     upserted into ``jobs`` in the same transaction. Raises only for setup errors (bad
     scenario, NVML that cannot start), never for a broken history."""
-    from slurmhealth.checks import CheckContext, run_checks, validate_settings
+    from slurmhealth.checks import CheckContext, counters, run_checks, validate_settings
     from slurmhealth.gpu import open_backend
     from slurmhealth.kernel_log import KernelLogReader
     from slurmhealth.store import Batch, History
@@ -166,7 +158,7 @@ def run_check(
         expected_count=cfg.gpu.expected_count,
         expected_driver=cfg.gpu.expected_driver,
         nvlinks_per_model=cfg.gpu.nvlinks_per_model,
-        previous_counters=previous,
+        counter_history=counters.load(previous),
         xids=log_read.events,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
@@ -186,7 +178,9 @@ def run_check(
         + [("findings", _finding_row(result, f)) for f in findings],
         upserts=[("jobs", job_row, "job_id")] if job_row else [],
         kv={
-            COUNTERS_KEY: _merge_counters(previous, snapshot),
+            COUNTERS_KEY: counters.remember(
+                counters.load(previous), snapshot, counters.window_of(cfg.checks.settings)
+            ),
             CURSOR_KEY: log_read.cursor,
             INVENTORY_KEY: _inventory(inventory, snapshot),
         },

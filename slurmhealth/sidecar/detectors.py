@@ -11,7 +11,7 @@ their failing findings become events (``FROM_CHECKS``). The detectors add only t
 - Growth: ``ecc`` fires when the volatile uncorrectable count fails the check *and* grew since
   the previous snapshot (counts from before the job are the prolog's business); continuous
   growth is one event until an interval passes without growth. ``nvlink_errors`` gets the
-  previous snapshot's counters, so its rate spans one interval.
+  counters read since the job started: its rate needs the check's minimum window and count.
 - ``hang`` counts idle time from the job start (the first snapshot), not only after the GPUs
   were busy once: a job stuck in NCCL init or deadlocked before its first kernel hangs too.
   ``hang_after_s`` (default 15 min) leaves room for slow model loading.
@@ -32,7 +32,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.checks.nvlink import counters_of
+from slurmhealth.checks.counters import History, remember, window_of
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, peer_medians, stragglers
 from slurmhealth.checks.xid_table import classify
 from slurmhealth.config import Config
@@ -118,7 +118,8 @@ class Detectors:
         self._active: set[tuple[str, Hashable]] = set()  # (kind, key) of conditions that fired
         self._since: dict[tuple[str, Hashable], float] = {}  # when a sustained condition began
         self._last: NodeSnapshot | None = None
-        self._counters: dict[str, Any] | None = None  # the previous snapshot's, for rates
+        self._counters: History = {}  # earlier reads of the error counters, for rates
+        self._counter_window = window_of(cfg.checks.settings)
         self._ecc_last: dict[int, int] = {}
         self._samples: dict[int, deque[tuple[float, float, float | None]]] = {}
         self._xids_seen: deque[tuple[int, str, float]] = deque(maxlen=64)
@@ -171,11 +172,11 @@ class Detectors:
             phase="sidecar",
             gpus=self.gpus or None,
             nvlinks_per_model=self._links_per_model,
-            previous_counters=self._counters,
+            counter_history=self._counters,
         )
         mine = {g.index for g in gpus}
         findings = run_checks(ctx, self._checks.settings, self._checks.disabled)
-        self._counters = {"ts": ts, "gpus": counters_of(snapshot)}
+        remember(self._counters, snapshot, self._counter_window, ctx.counters)
         self._conditions(ts, {g.index: g for g in gpus}, [f for f in findings if f.gpu in mine])
         self._hang(ts, gpus)
         self._straggler(ts, gpus)

@@ -22,7 +22,8 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 def config(tmp_path: Path, toml: str = "") -> Config:
     """The effective config from a config file holding ``toml``, simulated GPUs."""
     path = tmp_path / "config.toml"
-    path.write_text(toml)
+    # two prolog runs 0.3 s apart: shorten the rate evidence (default 300 s, 5 errors)
+    path.write_text(toml + "[checks.nvlink_errors]\nmin_window_s = 0.2\nmin_count = 1\n")
     flags = {
         "gpu.backend": "sim",
         "gpu.sim_scenario": str(SCENARIOS / "nvlink-errors.toml"),
