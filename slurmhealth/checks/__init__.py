@@ -16,10 +16,15 @@ from slurmhealth.errors import ConfigError
 from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
 
 PHASES = ("check", "prolog", "epilog", "healthcheck", "validate", "sidecar")
-"""Where checks run: ``slurmhealth check`` by hand, the job's prolog and epilog, the idle
-node's health check, ``slurmhealth validate``, and the sidecar (each interval of a job)."""
+"""Where checks run: ``slurmhealth check`` by hand (a job may be running beside it), the
+job's prolog and epilog, the idle node's health check (``slurmhealth check --pre-job``, or
+Slurm's HealthCheckProgram), ``slurmhealth validate``, and the sidecar (each interval of a
+job)."""
 RUNS = PHASES[:-1]  # one-off runs (the default): the sidecar adds only the checks it maps
 EVERYWHERE = PHASES
+PRE_JOB = ("prolog", "healthcheck", "validate")
+"""Where no job should be running: checks for a previous job's leftovers run only here, so
+a check by hand on a busy node never blames the running job's own processes."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
+from slurmhealth.checks import EVERYWHERE, PRE_JOB, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, GpuStatus, Severity
 
 
@@ -153,12 +153,13 @@ def persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding
 
 @check(
     "stale_job",
-    "No process and no more than max_memory_used_mib of memory on a GPU before a job starts.",
+    "No process and no more than max_memory_used_mib of memory on a GPU before a job starts "
+    "(judged only where no job should run: prolog, idle health check, validate).",
     action=Action.DRAIN,
     hint="a previous job left processes or memory on the GPU: "
     "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`; kill them and resume",
     thresholds={"max_memory_used_mib": 1024},
-    phases=("check", "prolog", "validate"),
+    phases=PRE_JOB,
 )
 def stale_job(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from slurmhealth.checks import (
+    PHASES,
     REGISTRY,
     CheckContext,
     catalog,
@@ -138,7 +139,7 @@ def only(findings: list[Finding], name: str) -> Finding:
 
 
 def test_healthy_node_has_no_findings_in_any_phase() -> None:
-    for phase in ("check", "prolog", "epilog", "sidecar", "validate"):
+    for phase in PHASES:
         findings = run_checks(
             ctx(
                 node(),

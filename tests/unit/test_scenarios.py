@@ -39,7 +39,7 @@ def _run(path: Path, tmp_path: Path, expect: dict[str, Any]) -> CheckResult:
         **expect.get("config", {}),
     }
     cfg = load_config(str(cfg_file), env={}, flags=flags)
-    return run_check(cfg)
+    return run_check(cfg, phase=expect.get("phase", "check"))
 
 
 def test_scenarios_are_shipped() -> None:
