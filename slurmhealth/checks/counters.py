@@ -5,12 +5,12 @@ next prolog five seconds later reads as 12/min. So every rate check judges the g
 at least ``min_window_s`` seconds and ``min_count`` errors (thresholds of the check, shown by
 ``slurmhealth checks``); shorter evidence can warn, never fail.
 
-The history is plain JSON-friendly data (the prolog keeps it in the history's key-value
-table between runs, the sidecar in memory): ``{"v": 2, "gpus": {uuid: {counter: ring}}}``,
-a ring being ``[[ts, value], ...]`` oldest first. Reads of an unchanged value collapse into
-the first and last of the run, points closer than an eighth of the window are merged, and a
-point is dropped once a newer one is old enough to start the window, so a ring holds about
-ten points whatever the sampling interval.
+The history (the sidecar's in memory; the prolog's stored between runs by :func:`pack` and
+:func:`load` in the history's key-value table) is ``{"v": 2, "gpus": {uuid: {counter:
+ring}}}``, a ring being ``[[ts, value], ...]`` oldest first. Reads of an unchanged value
+collapse into the first and last of the run, points closer than an eighth of the window are
+merged, and a point is dropped once a newer one is old enough to start the window, so a ring
+holds about ten points whatever the sampling interval.
 """
 
 from __future__ import annotations
@@ -67,29 +67,47 @@ def window_of(settings: Mapping[str, Mapping[str, Any]] | None = None) -> float:
     return float(max(windows, default=0.0))
 
 
-def load(data: Any) -> History:
-    """A history read back from storage; anything else (an older format, a damaged value)
-    is an empty history: the window then starts again from this run."""
-    gpus: dict[str, dict[str, Ring]] = {}
-    if isinstance(data, dict) and data.get("v") == VERSION and isinstance(data.get("gpus"), dict):
-        for uuid, rings in data["gpus"].items():
-            if not isinstance(rings, dict):
-                continue
-            gpus[str(uuid)] = {
-                str(key): [[float(p[0]), float(p[1])] for p in ring]
-                for key, ring in rings.items()
-                if isinstance(ring, list) and all(_is_point(p) for p in ring) and ring
-            }
+def pack(history: History) -> dict[str, Any]:
+    """The history as stored: per GPU, the counters that did not move over one common span
+    (most of them, most of the time: all read since the same run) as one value each, the
+    others as rings."""
+    gpus: dict[str, Any] = {}
+    for uuid, rings in history.get("gpus", {}).items():
+        span: list[float] = []
+        quiet, moving = {}, {}
+        for key, ring in rings.items():
+            if 0 < len(ring) <= 2 and ring[0][1] == ring[-1][1]:
+                span = span or [ring[0][0], ring[-1][0]]
+                if ring[0][0] == span[0] and ring[-1][0] == span[1]:
+                    quiet[key] = ring[0][1]
+                    continue
+            moving[key] = ring
+        gpus[uuid] = {"span": span, "quiet": quiet, "rings": moving}
     return {"v": VERSION, "gpus": gpus}
 
 
-def _is_point(p: Any) -> bool:
-    return (
-        isinstance(p, list)
-        and len(p) == 2
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in p)
-        and all(math.isfinite(v) for v in p)
-    )
+def load(data: Any) -> History:
+    """A history read back from storage (:func:`pack`); anything else (an older format, a
+    damaged value) is an empty history: the window then starts again from this run. A GPU
+    whose entry does not parse is dropped alone."""
+    gpus: dict[str, dict[str, Ring]] = {}
+    if isinstance(data, dict) and data.get("v") == VERSION and isinstance(data.get("gpus"), dict):
+        for uuid, packed in data["gpus"].items():
+            try:
+                rings = {
+                    str(key): [[float(ts), int(value)] for ts, value in ring]
+                    for key, ring in packed["rings"].items()
+                    if ring
+                }
+                if packed["quiet"]:
+                    since, until = (float(ts) for ts in packed["span"])
+                    for key, value in packed["quiet"].items():
+                        ends = [since] if until == since else [since, until]
+                        rings[str(key)] = [[ts, int(value)] for ts in ends]
+            except (AttributeError, KeyError, TypeError, ValueError):
+                continue
+            gpus[str(uuid)] = rings
+    return {"v": VERSION, "gpus": gpus}
 
 
 def remember(
@@ -114,7 +132,7 @@ def remember(
             ):
                 ring[-1][0] = ts  # unchanged: the run of equal reads grows
             else:
-                rings[key] = _add(ring or [], ts, float(value), window_s)
+                rings[key] = _add(ring or [], ts, value, window_s)
     for uuid in [u for u, rings in gpus.items() if _newest(rings) < ts - FORGET_S]:
         del gpus[uuid]
     history["v"] = VERSION

@@ -158,7 +158,7 @@ def run_check(
         expected_count=cfg.gpu.expected_count,
         expected_driver=cfg.gpu.expected_driver,
         nvlinks_per_model=cfg.gpu.nvlinks_per_model,
-        counter_history=counters.load(previous),
+        counter_history=(remembered := counters.load(previous)),
         xids=log_read.events,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
@@ -178,8 +178,10 @@ def run_check(
         + [("findings", _finding_row(result, f)) for f in findings],
         upserts=[("jobs", job_row, "job_id")] if job_row else [],
         kv={
-            COUNTERS_KEY: counters.remember(
-                counters.load(previous), snapshot, counters.window_of(cfg.checks.settings)
+            COUNTERS_KEY: counters.pack(
+                counters.remember(
+                    remembered, snapshot, counters.window_of(cfg.checks.settings), ctx.counters
+                )
             ),
             CURSOR_KEY: log_read.cursor,
             INVENTORY_KEY: _inventory(inventory, snapshot),

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from slurmhealth.checks import CheckContext, catalog, run_checks
-from slurmhealth.checks.counters import counters_of, load, remember, window_of
+from slurmhealth.checks.counters import counters_of, load, pack, remember, window_of
 from slurmhealth.model import Action, Finding, GpuState, Severity
 from tests.unit.test_checks import TS, healthy_gpu, node, of, only, with_link
 
@@ -29,7 +29,9 @@ class Node:
         snap = node(*gpus, ts=TS + t)
         history = load(self.stored)
         findings = run_checks(CheckContext(snap, counter_history=history), self.settings)
-        self.stored = json.loads(json.dumps(remember(history, snap, window_of(self.settings))))
+        self.stored = json.loads(
+            json.dumps(pack(remember(history, snap, window_of(self.settings))))
+        )
         return findings
 
 
@@ -137,8 +139,23 @@ def test_history_of_an_older_format_or_damaged_starts_empty() -> None:
     empty = {"v": 2, "gpus": {}}
     assert load({"ts": TS, "gpus": {"GPU-x": {"4.replay_errors": 3}}}) == empty  # format 1
     assert load("junk") == load(None) == empty
-    damaged = {"v": 2, "gpus": {"GPU-x": {"a": [["x", 1]], "b": [[TS, 4]]}}}
-    assert load(damaged) == {"v": 2, "gpus": {"GPU-x": {"b": [[TS, 4.0]]}}}
+    good = {"span": [TS, TS + 60], "quiet": {"a": 4}, "rings": {"b": [[TS, 1], [TS + 9, 2]]}}
+    damaged = {"v": 2, "gpus": {"x": {"rings": {"a": [["?", 1]]}}, "y": good, "z": 7}}
+    assert load(damaged) == {  # the damaged GPUs dropped
+        "v": 2,
+        "gpus": {"y": {"a": [[TS, 4], [TS + 60, 4]], "b": [[TS, 1], [TS + 9, 2]]}},
+    }
+
+
+def test_stored_history_keeps_quiet_counters_as_one_value() -> None:
+    history = load(None)
+    for t in (0, 60, 120):
+        remember(history, node(replays(t // 60), count=3, ts=TS + t), WINDOW)
+    stored = pack(history)
+    gpu = stored["gpus"][healthy_gpu(2).uuid]
+    assert gpu["span"] == [TS, TS + 120] and gpu["quiet"]["nvlink.4.crc"] == 0
+    assert list(gpu["rings"]) == ["nvlink.4.replay"]  # the one counter that moved
+    assert load(json.loads(json.dumps(stored))) == history
 
 
 def test_ring_stays_small_when_sampled_every_second() -> None:
