@@ -7,35 +7,38 @@ job report, the diagnosis rules), so they cannot disagree about what a straggler
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)  # a GPU: its index, or (node, index) across a job
 
 RATIO = 0.75  # default: below this share of the peers' median (config sidecar.straggler_ratio)
 PEERS_BUSY_PCT = 50.0  # the peers' median utilisation at least this: the job is running
 
 
 @dataclass(frozen=True)
-class Straggler:
-    gpu: int
+class Straggler(Generic[K]):
+    gpu: K
     value: float  # the GPU's own value (mean utilisation %, power W, ...)
     peers_median: float  # the median of the other GPUs' values
 
 
 def stragglers(
-    values: Mapping[int, float], ratio: float = RATIO, min_peers: float = 0.0
-) -> list[Straggler]:
+    values: Mapping[K, float], ratio: float = RATIO, min_peers: float = 0.0
+) -> list[Straggler[K]]:
     """The GPUs whose value is below ``ratio`` x the median of the *other* GPUs' values,
     judged only where that median is at least ``min_peers`` (e.g. ``PEERS_BUSY_PCT`` for
-    utilisation: an idle job has no stragglers). Needs two GPUs; ordered by GPU."""
+    utilisation: an idle job has no stragglers). Needs two GPUs; in the order of ``values``."""
     medians = peer_medians(values)
     return [
         Straggler(gpu, values[gpu], median)
-        for gpu, median in sorted(medians.items())
+        for gpu, median in medians.items()
         if median >= min_peers and values[gpu] < ratio * median
     ]
 
 
-def peer_medians(values: Mapping[int, float]) -> dict[int, float]:
+def peer_medians(values: Mapping[K, float]) -> dict[K, float]:
     """Each GPU's peers' median (the median of the other GPUs' values); needs two GPUs."""
     out = {}
     for gpu in values:
