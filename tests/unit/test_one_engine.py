@@ -11,7 +11,7 @@ from pathlib import Path
 from slurmhealth.checks import catalog
 from slurmhealth.config import Config, load_config
 from slurmhealth.hooks.check import CheckResult, run_check
-from slurmhealth.model import NodeSnapshot
+from slurmhealth.model import NodeSnapshot, XidEvent
 from slurmhealth.sidecar.detectors import FROM_CHECKS, KINDS, Detectors
 from slurmhealth.sidecar.state import Event
 from tests.unit.test_detectors import T0, gpu, snap
@@ -101,3 +101,13 @@ def test_every_sidecar_check_becomes_an_event_kind() -> None:
     in_sidecar = {s.name for s in catalog().values() if "sidecar" in s.phases}
     assert in_sidecar == set(FROM_CHECKS)
     assert set(FROM_CHECKS.values()) <= set(KINDS)
+
+
+def test_disabled_xid_check_silences_the_sidecars_xid_events(tmp_path: Path) -> None:
+    x = XidEvent(xid=79, pci_bus_id="0000:5d:00", message="", raw="", ts=T0)
+    buses = {gpu(i).pci_bus_id or "": i for i in range(8)}
+    assert [e.kind for e in Detectors(config(tmp_path), range(8)).observe_xids([x], buses)] == [
+        "xid"
+    ]
+    off = config(tmp_path, '[checks]\ndisabled = ["xid"]\n')
+    assert Detectors(off, range(8)).observe_xids([x], buses) == []
