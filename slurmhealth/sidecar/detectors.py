@@ -110,7 +110,8 @@ class Detectors:
     def __init__(self, cfg: Config, gpus: Sequence[int]) -> None:
         self.cfg = cfg.sidecar
         self._checks = cfg.checks
-        self._links_per_model = cfg.gpu.nvlinks_per_model
+        self._links_configured = cfg.gpu.nvlinks_per_model
+        self._links_per_model = dict(self._links_configured)  # + links seen active per model
         self.gpus = tuple(sorted(set(gpus)))
         sc = self.cfg
         self._window_n = max(2, round(sc.straggler_window_s / max(sc.interval_s, 1e-3)))
@@ -167,6 +168,7 @@ class Detectors:
             gpus = [g for i in self.gpus if (g := snapshot.gpu(i)) is not None]
         else:
             gpus = sorted(snapshot.gpus, key=lambda g: g.index)
+        self._learn_links(gpus)
         ctx = CheckContext(
             snapshot=snapshot,
             phase="sidecar",
@@ -182,6 +184,14 @@ class Detectors:
         self._straggler(ts, gpus)
         self._last = snapshot
         return self._take()
+
+    def _learn_links(self, gpus: list[GpuState]) -> None:
+        """A model the config does not list must keep the links it had active earlier in the
+        job: a link that goes down (even all at once, an NVSwitch tray) is down."""
+        for g in gpus:
+            if g.name and g.nvlinks and g.name not in self._links_configured:
+                active = sum(1 for link in g.nvlinks if link.active)
+                self._links_per_model[g.name] = max(self._links_per_model.get(g.name, 0), active)
 
     def _conditions(self, ts: float, gpus: Mapping[int, GpuState], findings: list[Finding]) -> None:
         """Failing findings -> conditions per (kind, GPU, link); edges and sustain on them."""

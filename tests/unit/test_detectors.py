@@ -130,6 +130,18 @@ def test_nvlink_down_from_the_start_and_unknown_state() -> None:
     assert run(det, range(20, 60, 10), lambda t: snap(t, g1=link_down(gpu(1), 0))) == []
 
 
+def test_all_links_down_at_once_on_a_model_the_config_does_not_list() -> None:
+    def make(t: float) -> NodeSnapshot:
+        gpus = {f"g{i}": replace(gpu(i), name="NVIDIA B200") for i in range(8)}
+        if t >= 60:
+            gpus = {k: link_down(g, *range(18)) for k, g in gpus.items()}
+        return snap(t, **gpus)
+
+    events = run(detectors(), range(0, 120, 10), make)
+    assert len(events) == 8 * 18 and {e.kind for e in events} == {"nvlink_down"}
+    assert {e.ts for e in events} == {T0 + 60}
+
+
 def test_nvlink_error_growth() -> None:
     def make(t: float) -> NodeSnapshot:
         g = gpu(4)
