@@ -236,9 +236,10 @@ class Detectors:
                 msg = f"GPU {g.index} volatile uncorrectable ECC errors {before} -> {count}"
                 self._emit(ts, kind, msg, g, before=before, after=count)
         elif self._edge(kind, key, True):
-            extra = {"status": g.status.value} if kind == "gpu_lost" else {}
-            msg = f"GPU {g.index}: {f.message}"
-            self._emit(ts, kind, msg, g, check=f.check, **f.evidence, **extra)
+            detail: dict[str, Any] = {**f.evidence, "check": f.check}
+            if kind == "gpu_lost":
+                detail["status"] = g.status.value
+            self._emit(ts, kind, f"GPU {g.index}: {f.message}", g, **detail)
 
     def _hang(self, ts: float, gpus: list[GpuState]) -> None:
         util = {g.index: g.utilization_gpu_pct for g in gpus}
