@@ -101,17 +101,25 @@ def cli(click_ctx: click.Context, config_path: str | None, db: str | None, debug
 
 @cli.command()
 @click.option("--gpus", metavar="LIST", help="GPU indices, e.g. 0,3 or 0-7 (default: all).")
+@click.option(
+    "--pre-job",
+    is_flag=True,
+    help="The node is idle: also check for a previous job's leftovers (stale processes, "
+    "used GPU memory), as the prolog does; recorded as phase 'healthcheck'.",
+)
 @json_option
 @pass_ctx
-def check(ctx: Ctx, gpus: str | None, as_json: bool) -> None:
+def check(ctx: Ctx, gpus: str | None, pre_job: bool, as_json: bool) -> None:
     """Run every health check on the node's GPUs and record the run.
 
+    A job may be running: checks for leftovers of a previous job run only with --pre-job.
     Exits 0 when healthy or with warnings only, 1 when a check fails.
     """
     from slurmhealth import render
     from slurmhealth.hooks.check import run_check
 
-    result = run_check(ctx.config(), gpus=parse_gpus(gpus))
+    phase = "healthcheck" if pre_job else "check"
+    result = run_check(ctx.config(), gpus=parse_gpus(gpus), phase=phase)
     data = result.to_dict()
     if as_json:
         render.print_json(data)

@@ -184,9 +184,6 @@ class Config:
     def spool_path(self, node: str | None = None) -> str:
         return self.expand(self.paths.spool, node) if self.paths.spool else ""
 
-    def thresholds(self, check: str) -> Mapping[str, Any]:
-        return self.checks.settings.get(check, {})
-
 
 ENV_KEYS: dict[str, str] = {
     "SLURMD_NODENAME": "node.name",

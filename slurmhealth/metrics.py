@@ -24,21 +24,11 @@ from prometheus_client import utils as _client_utils
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from slurmhealth.model import GpuState, GpuStatus
-from slurmhealth.sidecar.state import ExportState, JobLabels
+from slurmhealth.model import CLOCK_EVENT_REASONS, ExportState, GpuState, GpuStatus, JobLabels
 
 JOB_LABELS = ("job_id", "user", "account", "partition", "qos", "priority", "node")
 GPU_LABELS = (*JOB_LABELS, "gpu", "uuid", "model")
 
-# nvmlClocksEventReasons bits (nvidia-smi -q -d PERFORMANCE, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)
-CLOCK_EVENT_REASONS = (
-    ("hw_slowdown", 0x8),
-    ("hw_thermal", 0x40),
-    ("sw_thermal", 0x20),
-    ("hw_power_brake", 0x80),
-    ("sw_power_cap", 0x4),
-    ("gpu_idle", 0x1),
-)
 
 _Get = Callable[[GpuState], float | None]
 
@@ -195,7 +185,7 @@ class SidecarCollector(Collector):
                 if (v := get(g)) is not None:
                     cfam.add_metric(lv, v)
             if (bits := g.clock_event_reasons) is not None:
-                for reason, bit in CLOCK_EVENT_REASONS:
+                for reason, bit in CLOCK_EVENT_REASONS.items():
                     clock.add_metric((*lv, reason), 1.0 if bits & bit else 0.0)
             if (n := g.ecc_volatile_uncorrectable) is not None:
                 ecc.add_metric((*lv, "volatile"), n)

@@ -9,7 +9,28 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
+
+CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
+    {
+        "gpu_idle": 0x1,
+        "applications_clocks": 0x2,
+        "sw_power_cap": 0x4,
+        "hw_slowdown": 0x8,
+        "sync_boost": 0x10,
+        "sw_thermal": 0x20,
+        "hw_thermal": 0x40,
+        "hw_power_brake": 0x80,
+    }
+)
+"""nvmlClocksEventReason* bits by name: ``GpuState.clock_event_reasons`` is their OR
+(nvidia-smi -q -d PERFORMANCE "Clocks Event Reasons", DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)."""
+
+
+def clock_event_names(mask: int) -> list[str]:
+    """The names of the reasons set in a clock-event bitmask, in bit order."""
+    return [name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit]
 
 
 class Severity(enum.IntEnum):
@@ -288,3 +309,45 @@ class Job:
     def failed(self) -> bool:
         """Non-zero exit or a signal (``"0:0"`` is success)."""
         return self.exit_code not in (None, "", "0:0", "0")
+
+
+@dataclass(frozen=True)
+class JobLabels:
+    """The labels every per-GPU series of a job carries (besides node, gpu, uuid, model)."""
+
+    job_id: str
+    user: str = ""
+    account: str = ""
+    partition: str = ""
+    qos: str = ""
+    priority: str = ""  # a label value: Slurm's integer priority as text
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class TaskStats:
+    """What a job's training loop reported through :mod:`slurmhealth.job` (latest window)."""
+
+    steps_total: int
+    step_seconds: float | None = None  # median over the recent window
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+    mfu_ratio: float | None = None  # model FLOPs utilisation, 0-1
+    comm_ratio: float | None = None  # share of step time in communication, 0-1
+    data_wait_ratio: float | None = None  # share of step time waiting for data, 0-1
+    last_step_ts: float | None = None
+
+
+@dataclass(frozen=True)
+class ExportState:
+    """What one Prometheus scrape of a job's sidecar shows; the sidecar swaps in a new one
+    each interval, so a scrape always sees a consistent view."""
+
+    labels: JobLabels
+    snapshot: NodeSnapshot | None = None
+    xid_counts: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid) -> n
+    event_counts: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
+    task: TaskStats | None = None
+    drains_suppressed_total: int = 0
+    samples_total: int = 0
+    started_ts: float = 0.0

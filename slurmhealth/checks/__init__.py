@@ -7,6 +7,7 @@ serves ``slurmhealth check``, the prolog, the epilog and the sidecar.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,16 @@ from slurmhealth.model import (
     XidEvent,
 )
 
-PHASES = ("check", "prolog", "epilog", "sidecar", "validate")
+PHASES = ("check", "prolog", "epilog", "healthcheck", "validate", "sidecar")
+"""Where checks run: ``slurmhealth check`` by hand (a job may be running beside it), the
+job's prolog and epilog, the idle node's health check (``slurmhealth check --pre-job``, or
+Slurm's HealthCheckProgram), ``slurmhealth validate``, and the sidecar (each interval of a
+job)."""
+RUNS = PHASES[:-1]  # one-off runs (the default): the sidecar adds only the checks it maps
+EVERYWHERE = PHASES
+PRE_JOB = ("prolog", "healthcheck", "validate")
+"""Where no job should be running: checks for a previous job's leftovers run only here, so
+a check by hand on a busy node never blames the running job's own processes."""
 
 
 @dataclass(frozen=True)
@@ -35,10 +45,17 @@ class CheckContext:
     expected_count: int = 0
     expected_driver: str = ""
     nvlinks_per_model: Mapping[str, int] = field(default_factory=dict)
-    # counters stored by the previous run: {"ts": float, "gpus": {uuid: {name: value}}}
-    previous_counters: Mapping[str, Any] | None = None
+    # earlier reads of the error counters (slurmhealth.checks.counters), for rates
+    counter_history: Mapping[str, Any] | None = None
     xids: tuple[XidEvent, ...] = ()
     kernel_events: tuple[KernelEvent, ...] = ()  # kernel-log faults other than Xids
+
+    @functools.cached_property
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The snapshot's cumulative error counters per GPU UUID (read once per run)."""
+        from slurmhealth.checks.counters import counters_of
+
+        return counters_of(self.snapshot)
 
 
 CheckFn = Callable[[CheckContext, Mapping[str, float]], list[Finding]]
@@ -65,13 +82,15 @@ def check(
     action: Action,
     hint: str,
     thresholds: Mapping[str, float] | None = None,
-    phases: Iterable[str] = PHASES,
+    phases: Iterable[str] = RUNS,
 ) -> Callable[[CheckFn], CheckFn]:
     """Register a check. A second check with the same name is a programming error."""
 
     def register(fn: CheckFn) -> CheckFn:
         if name in REGISTRY:
             raise ValueError(f"check {name!r} registered twice")
+        if unknown := set(phases) - set(PHASES):
+            raise ValueError(f"check {name!r}: unknown phase(s) {sorted(unknown)}")
         REGISTRY[name] = CheckSpec(
             name, description, fn, action, hint, dict(thresholds or {}), tuple(phases)
         )
@@ -138,18 +157,28 @@ def validate_settings(
                 raise ConfigError(source, f"checks.{name}.{key}", f"expected a number: {value!r}")
 
 
+def resolved_thresholds(
+    spec: CheckSpec, settings: Mapping[str, Mapping[str, Any]] | None
+) -> dict[str, float]:
+    """The thresholds a check runs with: its defaults, overridden by ``[checks.<name>]``."""
+    return {**spec.thresholds, **(settings or {}).get(spec.name, {})}
+
+
+def enabled(phase: str, disabled: Iterable[str] = ()) -> list[CheckSpec]:
+    """The checks that run in ``phase``, minus ``[checks] disabled``, in catalog order."""
+    off = set(disabled)
+    return [s for s in catalog().values() if s.name not in off and phase in s.phases]
+
+
 def run_checks(
     ctx: CheckContext,
     settings: Mapping[str, Mapping[str, float]] | None = None,
     disabled: Iterable[str] = (),
 ) -> list[Finding]:
     """Run every enabled check for ``ctx.phase``; a crashing check is a warning, not a fail."""
-    off = set(disabled)
     out: list[Finding] = []
-    for spec in catalog().values():
-        if spec.name in off or ctx.phase not in spec.phases:
-            continue
-        th = {**spec.thresholds, **(settings or {}).get(spec.name, {})}
+    for spec in enabled(ctx.phase, disabled):
+        th = resolved_thresholds(spec, settings)
         try:
             out.extend(spec.fn(ctx, th))
         except Exception as exc:  # fail open, loudly

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks import EVERYWHERE, PRE_JOB, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, GpuStatus, Severity
 
 
@@ -53,6 +53,7 @@ def gpu_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     action=Action.RESET,
     hint="drain; reset the GPU (nvidia-smi -r -i N) or reboot the node; "
     "check `dmesg | grep Xid` for Xid 79; RMA if it recurs",
+    phases=EVERYWHERE,
 )
 def gpu_lost(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return [
@@ -67,6 +68,7 @@ def gpu_lost(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     "NVML says the GPU needs a reset (NVML_ERROR_RESET_REQUIRED).",
     action=Action.RESET,
     hint="drain, then reset the GPU (nvidia-smi -r -i N) or reboot the node",
+    phases=EVERYWHERE,
 )
 def gpu_reset_required(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return [
@@ -82,6 +84,7 @@ def gpu_reset_required(ctx: CheckContext, th: Mapping[str, float]) -> list[Findi
     action=Action.RESET,
     hint="NVML calls hang on this GPU: capture `dmesg` and a py-spy/gdb stack, then reset "
     "the GPU or reboot; GSP timeouts (Xid 119/120) often precede this",
+    phases=EVERYWHERE,
 )
 def gpu_unresponsive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = [
@@ -150,12 +153,13 @@ def persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding
 
 @check(
     "stale_job",
-    "No process and no more than max_memory_used_mib of memory on a GPU before a job starts.",
+    "No process and no more than max_memory_used_mib of memory on a GPU before a job starts "
+    "(judged only where no job should run: prolog, idle health check, validate).",
     action=Action.DRAIN,
     hint="a previous job left processes or memory on the GPU: "
     "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`; kill them and resume",
     thresholds={"max_memory_used_mib": 1024},
-    phases=("check", "prolog", "validate"),
+    phases=PRE_JOB,
 )
 def stale_job(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []

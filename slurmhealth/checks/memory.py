@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
+from slurmhealth.checks.counters import RATE_THRESHOLDS, rate_warnings
 from slurmhealth.model import Action, Finding, Severity
 
 
@@ -16,6 +17,7 @@ from slurmhealth.model import Action, Finding, Severity
     hint="uncorrectable memory error: drain, reset the GPU to trigger row remapping, then "
     "check `nvidia-smi -q -d ROW_REMAPPER`; RMA if remapping fails",
     thresholds={"volatile_max": 0, "aggregate_max": 0},
+    phases=EVERYWHERE,
 )
 def ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -52,6 +54,7 @@ def ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Findin
     "without row remapping, no retired pages pending.",
     action=Action.RESET,
     hint="reset the GPU (nvidia-smi -r -i N) to apply the pending remap",
+    phases=EVERYWHERE,
 )
 def row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -79,3 +82,21 @@ def row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         elif g.retired_pages_pending:
             out.append(finding("row_remap", Severity.FAIL, g, "retired pages pending"))
     return out
+
+
+@check(
+    "ecc_correctable",
+    "Correctable (single-bit) ECC errors since the driver loaded stay below warn_per_min, "
+    "judged over at least min_window_s seconds and min_count errors: a trickle is normal "
+    "and corrected, a sustained rate means the memory is wearing.",
+    action=Action.WARN,
+    hint="watch `nvidia-smi -q -d ECC,ROW_REMAPPER`: a GPU whose correctable errors keep "
+    "climbing usually needs a row remap (reset) soon; plan an RMA if remaps run out",
+    thresholds={
+        "warn_per_min": 10,
+        "min_window_s": RATE_THRESHOLDS["min_window_s"],
+        "min_count": 20,
+    },
+)
+def ecc_correctable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return rate_warnings(ctx, th, "ecc_correctable", "ecc_correctable", "correctable ECC errors")

@@ -3,29 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
-from slurmhealth.checks import CheckContext, check, finding, readable
-from slurmhealth.model import Action, Finding, NodeSnapshot, Severity
-
-COUNTERS = ("replay_errors", "recovery_errors", "crc_flit_errors", "crc_data_errors")
-
-
-def counters_of(snapshot: NodeSnapshot) -> dict[str, dict[str, int]]:
-    """Cumulative NVLink error counters per GPU UUID, keyed ``"<link>.<counter>"``."""
-    out: dict[str, dict[str, int]] = {}
-    for g in snapshot.gpus:
-        if not g.uuid or not g.nvlinks:
-            continue
-        values = {
-            f"{link.link}.{name}": value
-            for link in g.nvlinks
-            for name in COUNTERS
-            if (value := getattr(link, name)) is not None
-        }
-        if values:
-            out[g.uuid] = values
-    return out
+from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
+from slurmhealth.checks.counters import RATE_THRESHOLDS as RATE
+from slurmhealth.checks.counters import Growth, growth, rings_of
+from slurmhealth.model import Action, Finding, GpuState, Severity
 
 
 @check(
@@ -35,6 +17,7 @@ def counters_of(snapshot: NodeSnapshot) -> dict[str, dict[str, int]]:
     action=Action.DRAIN,
     hint="an NVLink is down and NCCL will fall back to slower paths: check "
     "`nvidia-smi nvlink -s -i N`, the NVSwitch trays and fabric manager; reset or reboot",
+    phases=EVERYWHERE,
 )
 def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     node_has_links = any(link.active for g in readable(ctx) for link in g.nvlinks or ())
@@ -70,64 +53,58 @@ def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]
 
 @check(
     "nvlink_errors",
-    "NVLink error counters grow slower than the thresholds since the last run: replays and "
-    "recoveries per minute fail at replay_per_min / recovery_per_min; CRC errors per second "
-    "fail at crc_fail_per_s and warn above zero.",
+    "NVLink error counters grow slower than the thresholds, judged over at least "
+    "min_window_s seconds and min_count errors of earlier runs' reads (shorter evidence "
+    "warns): replays and recoveries per minute fail at replay_per_min / recovery_per_min, "
+    "CRC (flit + data) errors per second at crc_fail_per_s; any other growth warns.",
     action=Action.DRAIN,
     hint="a marginal NVLink (cable, connector or NVSwitch port): check "
     "`nvidia-smi nvlink -e -i N`; reseat/replace and re-run nccl-tests",
-    thresholds={"replay_per_min": 1, "recovery_per_min": 1, "crc_fail_per_s": 100},
+    thresholds={"replay_per_min": 1, "recovery_per_min": 1, "crc_fail_per_s": 100, **RATE},
+    phases=EVERYWHERE,
 )
 def nvlink_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
-    prev: Mapping[str, Any] = ctx.previous_counters or {}
-    prev_ts, prev_gpus = prev.get("ts"), prev.get("gpus", {})
-    if not isinstance(prev_ts, int | float):
-        return []
-    dt = ctx.snapshot.ts - prev_ts
-    if dt <= 0:
-        return []
-    now = counters_of(ctx.snapshot)
     out = []
     for g in readable(ctx):
-        before = prev_gpus.get(g.uuid or "", {})
-        grown: dict[int, dict[str, float]] = {}
-        for key, value in now.get(g.uuid or "", {}).items():
-            old = before.get(key)
-            if (
-                isinstance(old, int | float) and value > old
-            ):  # lower: counters reset by a driver reload
-                link_no, name = key.split(".", 1)
-                grown.setdefault(int(link_no), {})[name] = (value - old) / dt
-        for link, rates in sorted(grown.items()):
-            replay_pm = rates.get("replay_errors", 0.0) * 60
-            recovery_pm = rates.get("recovery_errors", 0.0) * 60
-            crc_ps = rates.get("crc_flit_errors", 0.0) + rates.get("crc_data_errors", 0.0)
-            failing = (
-                replay_pm >= th["replay_per_min"]
-                or recovery_pm >= th["recovery_per_min"]
-                or crc_ps >= th["crc_fail_per_s"]
-            )
-            parts = [
-                f"{label} {v:.3g}/{unit}"
-                for label, v, unit in (
-                    ("replay", replay_pm, "min"),
-                    ("recovery", recovery_pm, "min"),
-                    ("CRC", crc_ps, "s"),
-                )
-                if v > 0
-            ]
-            out.append(
-                finding(
-                    "nvlink_errors",
-                    Severity.FAIL if failing else Severity.WARN,
-                    g,
-                    f"NVLink {link} errors growing: {', '.join(parts)} over {dt:.0f} s",
-                    action=None if failing else Action.WARN,
-                    link=link,
-                    replay_per_min=round(replay_pm, 3),
-                    recovery_per_min=round(recovery_pm, 3),
-                    crc_per_s=round(crc_ps, 3),
-                    window_s=round(dt, 3),
-                )
-            )
+        grown: dict[int, dict[str, Growth]] = {}
+        rings = rings_of(ctx.counter_history, g.uuid)
+        for key, value in ctx.counters.get(g.uuid or "", {}).items():
+            found = growth(rings.get(key), ctx.snapshot.ts, value, th)
+            if found is not None and key.startswith("nvlink."):
+                _, link, name = key.split(".")
+                grown.setdefault(int(link), {})[name] = found
+        out += [_link_finding(g, link, rates, th) for link, rates in sorted(grown.items())]
     return out
+
+
+def _link_finding(
+    g: GpuState, link: int, grown: Mapping[str, Growth], th: Mapping[str, float]
+) -> Finding:
+    """Replays and recoveries per minute, CRC errors per second; each fails only on enough
+    evidence (window and count), so a short window or a single error warns."""
+    limits = {
+        "replay": (th["replay_per_min"], 60.0, "min"),
+        "recovery": (th["recovery_per_min"], 60.0, "min"),
+        "crc": (th["crc_fail_per_s"], 1.0, "s"),
+    }
+    rates = {n: x.per_s * limits[n][1] for n, x in grown.items()}
+    failing = [n for n, r in rates.items() if grown[n].enough and r >= limits[n][0]]
+    span = max(x.span_s for x in grown.values())
+    text = ", ".join(f"{n} {r:.3g}/{limits[n][2]}" for n, r in rates.items())
+    text += f" over {span:.0f} s"
+    if not all(x.enough for x in grown.values()):
+        text += f" (judged from {th['min_window_s']:g} s and {th['min_count']:g} errors)"
+    return finding(
+        "nvlink_errors",
+        Severity.FAIL if failing else Severity.WARN,
+        g,
+        f"NVLink {link} errors growing: {text}",
+        action=None if failing else Action.WARN,
+        link=link,
+        replay_per_min=round(rates.get("replay", 0.0), 3),
+        recovery_per_min=round(rates.get("recovery", 0.0), 3),
+        crc_per_s=round(rates.get("crc", 0.0), 3),
+        counts={n: x.count for n, x in grown.items()},
+        window_s=round(span, 3),
+        failing=failing,
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks.counters import RATE_THRESHOLDS, rate_warnings
 from slurmhealth.model import Action, Finding, Severity
 
 
@@ -46,3 +47,17 @@ def pcie_link(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 )
             )
     return out
+
+
+@check(
+    "pcie_replay",
+    'PCIe replays (link-level retransmissions, nvidia-smi -q -d PCIE "Replays Since Reset") '
+    "stay below warn_per_min, judged over at least min_window_s seconds and min_count "
+    "replays (DCGM's health watch warns above 8 a minute).",
+    action=Action.WARN,
+    hint="PCIe replays: signal integrity on the GPU's link (riser, slot, cable); reseat the "
+    "GPU, check `lspci -vv` for AER errors on its bus id",
+    thresholds={"warn_per_min": 8, **RATE_THRESHOLDS},
+)
+def pcie_replay(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return rate_warnings(ctx, th, "pcie_replay", "pcie_replay", "PCIe replays")

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import CheckContext, check, finding, readable
-from slurmhealth.model import Action, Finding, Severity
+from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
+from slurmhealth.model import Action, Finding, Severity, clock_event_names
 
-# nvmlClocksEventReason* bits: name, severity
-REASONS = {
-    0x8: ("hw_slowdown", Severity.FAIL),
-    0x40: ("hw_thermal", Severity.FAIL),
-    0x80: ("hw_power_brake", Severity.FAIL),
-    0x20: ("sw_thermal", Severity.WARN),
+# the clock-event reasons that are faults (bits: slurmhealth.model.CLOCK_EVENT_REASONS);
+# SW power cap, idle, application clocks and sync boost are normal operation
+SEVERITY = {
+    "hw_slowdown": Severity.FAIL,
+    "hw_thermal": Severity.FAIL,
+    "hw_power_brake": Severity.FAIL,
+    "sw_thermal": Severity.WARN,
 }
 
 
@@ -23,6 +24,7 @@ REASONS = {
     action=Action.DRAIN,
     hint="clocks are being cut: HW slowdown/thermal means cooling or a sensor fault "
     "(check fans, airflow, inlet temperature), power brake means the PSU/BMC asked for it",
+    phases=EVERYWHERE,
 )
 def clock_events(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -30,8 +32,8 @@ def clock_events(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         mask = g.clock_event_reasons
         if not mask:
             continue
-        for bit, (name, sev) in REASONS.items():
-            if mask & bit:
+        for name in clock_event_names(mask):
+            if (sev := SEVERITY.get(name)) is not None:
                 out.append(
                     finding(
                         "clock_events",
@@ -55,6 +57,7 @@ def clock_events(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     hint="the GPU runs at its thermal limit: check cooling (fans, airflow, liquid loop) "
     "and `nvidia-smi -q -d TEMPERATURE`",
     thresholds={"warn_c": 5, "fail_c": 0},
+    phases=EVERYWHERE,
 )
 def thermal_margin(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []

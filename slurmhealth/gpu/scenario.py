@@ -14,17 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmhealth.errors import ScenarioError
+from slurmhealth.model import CLOCK_EVENT_REASONS
 
-CLOCK_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal": 0x20,
-    "hw_thermal": 0x40,
-    "hw_power_brake": 0x80,
-}
+CLOCK_REASONS = CLOCK_EVENT_REASONS  # scenario `clock_event_reasons` names
 FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
 # groups of NVML calls a scenario can mark unsupported (they raise NVMLError_NotSupported)
 SUPPORT_GROUPS = (

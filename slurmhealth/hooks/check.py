@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slurmhealth.check")
 
-COUNTERS_KEY = "nvlink_counters"
+COUNTERS_KEY = "nvlink_counters"  # every error counter since history format 2
 INVENTORY_KEY = "gpu_inventory"
 _IDENTITY = ("uuid", "pci_bus_id", "serial", "name")
 CURSOR_KEY = "kernel_log_cursor"
@@ -83,14 +83,6 @@ class CheckResult:
             ],
             "findings": [f.to_dict() for f in self.findings],
         }
-
-
-def _merge_counters(previous: Any, snapshot: NodeSnapshot) -> dict[str, Any]:
-    from slurmhealth.checks.nvlink import counters_of
-
-    gpus = dict(previous.get("gpus", {})) if isinstance(previous, dict) else {}
-    gpus.update(counters_of(snapshot))
-    return {"ts": snapshot.ts, "gpus": gpus}
 
 
 def _inventory(previous: Any, snapshot: NodeSnapshot) -> dict[str, dict[str, Any]]:
@@ -169,7 +161,7 @@ def check_node(
     ``history``, with ``job_row`` upserted into ``jobs`` in the same transaction. Raises
     only for setup errors (bad settings, NVML that cannot start), never for a broken
     history: then the record is spooled and ``recorded`` is False."""
-    from slurmhealth.checks import CheckContext, run_checks, validate_settings
+    from slurmhealth.checks import CheckContext, counters, run_checks, validate_settings
     from slurmhealth.kernel_log import KernelLogReader
 
     t0 = time.monotonic()
@@ -193,7 +185,7 @@ def check_node(
         expected_count=cfg.gpu.expected_count,
         expected_driver=cfg.gpu.expected_driver,
         nvlinks_per_model=cfg.gpu.nvlinks_per_model,
-        previous_counters=previous,
+        counter_history=(remembered := counters.load(previous)),
         xids=log_read.events,
         kernel_events=log_read.kernel_events,
     )
@@ -209,7 +201,11 @@ def check_node(
         notes=tuple(notes),
     )
     state = {
-        COUNTERS_KEY: _merge_counters(previous, snapshot),
+        COUNTERS_KEY: counters.pack(
+            counters.remember(
+                remembered, snapshot, counters.window_of(cfg.checks.settings), ctx.counters
+            )
+        ),
         CURSOR_KEY: log_read.cursor,
         INVENTORY_KEY: _inventory(inventory, snapshot),
     }

@@ -1,18 +1,26 @@
 """In-job fault detectors: snapshots, Xids and task stats in, :class:`Event` s out.
 
-Pure and deterministic: no I/O, no clock reads; time comes from ``snapshot.ts``, the Xid's own
-``ts`` or an explicit ``now``. Every detector is edge-triggered: an event is emitted once, when
-its condition starts (or is confirmed), and the same condition on the same GPU (link, metric)
-fires again only after it has cleared. ``None`` (unknown) never confirms a condition.
+The judgement is the check catalog's (:mod:`slurmhealth.checks`): every snapshot runs the
+checks of phase ``sidecar`` with the site's thresholds and ``[checks] disabled`` list, and
+their failing findings become events (``FROM_CHECKS``). The detectors add only time:
 
-- State conditions (``gpu_lost``, ``nvlink_down``, ``row_remap``, ``throttle``) are judged from
-  the first snapshot on, so a fault already present when the sidecar starts is recorded once.
-  Counter conditions (``ecc``, ``nvlink_errors``) need a previous snapshot: counts from before
-  the job are the prolog's business; continuous growth is one event until an interval passes
-  without growth.
+- Edges: an event is emitted once, when its condition starts, and the same condition on the
+  same GPU (link) fires again only after it has cleared. A condition whose data is unknown
+  (``None``, or the GPU unreadable) neither starts nor clears.
+- Sustain: ``throttle`` fires once the clock-event finding held ``throttle_sustain_s``.
+- Growth: ``ecc`` fires when the volatile uncorrectable count fails the check *and* grew since
+  the previous snapshot (counts from before the job are the prolog's business); continuous
+  growth is one event until an interval passes without growth. ``nvlink_errors`` gets the
+  counters read since the job started: its rate needs the check's minimum window and count.
 - ``hang`` counts idle time from the job start (the first snapshot), not only after the GPUs
   were busy once: a job stuck in NCCL init or deadlocked before its first kernel hangs too.
   ``hang_after_s`` (default 15 min) leaves room for slow model loading.
+- ``straggler`` judges each GPU's mean over ``straggler_window_s`` by
+  :func:`slurmhealth.checks.straggler.stragglers`; ``throughput_drop`` and ``step_stall``
+  judge what the training loop reported.
+
+Pure and deterministic: no I/O, no clock reads; time comes from ``snapshot.ts``, the Xid's own
+``ts`` or an explicit ``now``.
 """
 
 from __future__ import annotations
@@ -20,17 +28,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from slurmhealth.checks import REGISTRY
-from slurmhealth.checks.nvlink import counters_of
-from slurmhealth.checks.thermal import REASONS
+from slurmhealth.checks import CheckContext, run_checks
+from slurmhealth.checks.counters import History, remember, window_of
+from slurmhealth.checks.straggler import PEERS_BUSY_PCT, peer_medians, stragglers
 from slurmhealth.checks.xid_table import classify
-from slurmhealth.config import SidecarConfig
-from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, Severity, XidEvent
+from slurmhealth.config import Config
+from slurmhealth.model import Finding, GpuState, NodeSnapshot, Severity, TaskStats, XidEvent
 from slurmhealth.model import normalize_pci_bus_id as _norm_bus
-from slurmhealth.sidecar.state import Event, TaskStats
+from slurmhealth.sidecar.state import Event
 
 KINDS: Mapping[str, Severity] = {
     "xid": Severity.INFO,  # per Xid from the catalog (classify): INFO up to CRITICAL
@@ -38,6 +46,7 @@ KINDS: Mapping[str, Severity] = {
     "nvlink_down": Severity.CRITICAL,
     "nvlink_errors": Severity.FAIL,
     "throttle": Severity.FAIL,
+    "thermal": Severity.FAIL,
     "ecc": Severity.FAIL,
     "row_remap": Severity.FAIL,
     "hang": Severity.CRITICAL,
@@ -47,13 +56,37 @@ KINDS: Mapping[str, Severity] = {
 }
 """Every event kind and its severity (``xid``: the Xid catalog decides per Xid)."""
 
-LOST_STATUSES = frozenset({GpuStatus.LOST, GpuStatus.UNRESPONSIVE, GpuStatus.RESET_REQUIRED})
-HW_THROTTLE_MASK = 0x8 | 0x40 | 0x80  # HW slowdown, HW thermal slowdown, HW power brake
+FROM_CHECKS: Mapping[str, str] = {
+    "gpu_lost": "gpu_lost",
+    "gpu_reset_required": "gpu_lost",
+    "gpu_unresponsive": "gpu_lost",
+    "nvlink_inactive": "nvlink_down",
+    "nvlink_errors": "nvlink_errors",
+    "ecc_uncorrectable": "ecc",
+    "row_remap": "row_remap",
+    "clock_events": "throttle",
+    "thermal_margin": "thermal",
+}
+"""The event kind a failing finding of each ``sidecar``-phase check becomes."""
+
+# what a condition on (GPU, link) rests on: while that reads None it neither starts nor clears
+_KNOWN: Mapping[str, Callable[[GpuState, int | None], bool]] = {
+    "nvlink_down": lambda g, n: (
+        g.nvlinks is not None and all(lk.active is not None for lk in g.nvlinks if lk.link == n)
+    ),
+    "throttle": lambda g, n: g.clock_event_reasons is not None,
+    "thermal": lambda g, n: g.margin_temperature_c is not None,
+    "ecc": lambda g, n: g.ecc_volatile_uncorrectable is not None,
+    "row_remap": lambda g, n: (
+        (g.remap_pending, g.remap_failure, g.retired_pages_pending) != (None, None, None)
+    ),
+}
+Key = tuple[int, int | None]  # (GPU, NVLink or None)
+
 XID_DEDUPE_S = 2.0  # the same Xid on the same GPU this close in time: one event (two sources)
 THROUGHPUT_HISTORY = 100  # task throughput values kept for the rolling median
 MIN_THROUGHPUT_VALUES = 5
 MIN_STALL_STEPS = 3
-STRAGGLER_BUSY_PCT = 50.0  # the peers' median utilisation at least this: the job is running
 
 
 def _median(values: Sequence[float]) -> float:
@@ -69,35 +102,25 @@ class Detectors:
     """Per-job detectors: one :meth:`observe` per sampling interval, Xids and task stats as
     they come. Memory is bounded by the job's GPUs, links and the straggler window.
 
-    ``gpus`` are the job's GPU indices (empty: every GPU of the snapshot).
-    ``nvlink_thresholds`` overrides the ``nvlink_errors`` check's thresholds
-    (``replay_per_min``, ``recovery_per_min``, ``crc_fail_per_s``).
+    ``cfg`` gives the sidecar's timing (``cfg.sidecar``) and the checks' thresholds and
+    disabled list (``cfg.checks``, the same as the prolog's); ``gpus`` are the job's GPU
+    indices (empty: every GPU of the snapshot).
     """
 
-    def __init__(
-        self,
-        cfg: SidecarConfig,
-        gpus: Sequence[int],
-        nvlink_thresholds: Mapping[str, float] | None = None,
-    ) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: Config, gpus: Sequence[int]) -> None:
+        self.cfg = cfg.sidecar
+        self._checks = cfg.checks
+        self._links_configured = cfg.gpu.nvlinks_per_model
+        self._links_per_model = dict(self._links_configured)  # + links seen active per model
         self.gpus = tuple(sorted(set(gpus)))
-        spec = REGISTRY.get("nvlink_errors")
-        self._nvlink_th = {
-            "replay_per_min": 1.0,
-            "recovery_per_min": 1.0,
-            "crc_fail_per_s": 100.0,
-            **(spec.thresholds if spec else {}),
-            **(nvlink_thresholds or {}),
-        }
-        self._window_n = max(2, round(cfg.straggler_window_s / max(cfg.interval_s, 1e-3)))
+        sc = self.cfg
+        self._window_n = max(2, round(sc.straggler_window_s / max(sc.interval_s, 1e-3)))
         self._out: list[Event] = []
         self._active: set[tuple[str, Hashable]] = set()  # (kind, key) of conditions that fired
         self._since: dict[tuple[str, Hashable], float] = {}  # when a sustained condition began
         self._last: NodeSnapshot | None = None
-        self._link_expected: dict[int, set[int]] = {}
-        self._counters: dict[str, dict[str, int]] = {}
-        self._link_errors: dict[int, set[int]] = {}  # links whose error growth fired
+        self._counters: History = {}  # earlier reads of the error counters, for rates
+        self._counter_window = window_of(cfg.checks.settings)
         self._ecc_last: dict[int, int] = {}
         self._samples: dict[int, deque[tuple[float, float, float | None]]] = {}
         self._xids_seen: deque[tuple[int, str, float]] = deque(maxlen=64)
@@ -139,115 +162,84 @@ class Detectors:
     # -- GPU snapshots -----------------------------------------------------------------------
 
     def observe(self, snapshot: NodeSnapshot) -> list[Event]:
-        """Judge one snapshot against the previous ones; return the events that start now."""
+        """Judge one snapshot with the checks; return the events that start now."""
         ts = snapshot.ts
         if self.gpus:
             gpus = [g for i in self.gpus if (g := snapshot.gpu(i)) is not None]
         else:
             gpus = sorted(snapshot.gpus, key=lambda g: g.index)
-        for g in gpus:
-            if self._edge("gpu_lost", g.index, g.status in LOST_STATUSES):
-                msg = f"GPU {g.index} {g.status.value.replace('_', ' ')}"
-                self._emit(ts, "gpu_lost", msg, g, status=g.status.value, error=g.error)
-        readable = [g for g in gpus if g.readable]
-        self._nvlink_down(ts, readable)
-        self._nvlink_errors(snapshot, readable)
-        for g in readable:
-            self._throttle(ts, g)
-            self._ecc(ts, g)
-            self._row_remap(ts, g)
+        self._learn_links(gpus)
+        ctx = CheckContext(
+            snapshot=snapshot,
+            phase="sidecar",
+            gpus=self.gpus or None,
+            nvlinks_per_model=self._links_per_model,
+            counter_history=self._counters,
+        )
+        mine = {g.index for g in gpus}
+        findings = run_checks(ctx, self._checks.settings, self._checks.disabled)
+        remember(self._counters, snapshot, self._counter_window, ctx.counters)
+        self._conditions(ts, {g.index: g for g in gpus}, [f for f in findings if f.gpu in mine])
         self._hang(ts, gpus)
         self._straggler(ts, gpus)
         self._last = snapshot
         return self._take()
 
-    def _nvlink_down(self, ts: float, gpus: list[GpuState]) -> None:
-        """A link active before (or, on a node with active links, any reported link) down."""
-        node_has_links = any(link.active for g in gpus for link in g.nvlinks or ())
+    def _learn_links(self, gpus: list[GpuState]) -> None:
+        """A model the config does not list must keep the links it had active earlier in the
+        job: a link that goes down (even all at once, an NVSwitch tray) is down."""
         for g in gpus:
-            expected = self._link_expected.setdefault(g.index, set())
-            for link in g.nvlinks or ():
-                if link.active:
-                    expected.add(link.link)
-                if link.active is None:  # unknown: keep the state
-                    continue
-                down = not link.active and (link.link in expected or node_has_links)
-                if self._edge("nvlink_down", (g.index, link.link), down):
-                    msg = f"NVLink {link.link} of GPU {g.index} down"
-                    remote = link.remote_pci_bus_id
-                    self._emit(ts, "nvlink_down", msg, g, link=link.link, remote_pci_bus_id=remote)
+            if g.name and g.nvlinks and g.name not in self._links_configured:
+                active = sum(1 for link in g.nvlinks if link.active)
+                self._links_per_model[g.name] = max(self._links_per_model.get(g.name, 0), active)
 
-    def _nvlink_errors(self, snapshot: NodeSnapshot, gpus: list[GpuState]) -> None:
-        """Same math as the ``nvlink_errors`` check, between consecutive snapshots."""
-        prev, before = self._last, self._counters
-        now = self._counters = counters_of(snapshot)
-        if prev is None or snapshot.ts <= prev.ts:
-            return
-        dt = snapshot.ts - prev.ts
-        th = self._nvlink_th
-        for g in gpus:
-            cur, old = now.get(g.uuid or "", {}), before.get(g.uuid or "", {})
-            rates: dict[int, dict[str, float]] = {}
-            for key, value in cur.items() if cur != old else ():
-                was = old.get(key)  # lower: counters reset by a driver reload
-                if was is not None and value > was:
-                    link_no, name = key.split(".", 1)
-                    rates.setdefault(int(link_no), {})[name] = (value - was) / dt
-            firing, fired = set(), self._link_errors.get(g.index, set())
-            for link, r in sorted(rates.items()):
-                replay_pm = round(r.get("replay_errors", 0.0) * 60, 3)
-                recovery_pm = round(r.get("recovery_errors", 0.0) * 60, 3)
-                crc_ps = round(r.get("crc_flit_errors", 0.0) + r.get("crc_data_errors", 0.0), 3)
-                if (
-                    replay_pm < th["replay_per_min"]
-                    and recovery_pm < th["recovery_per_min"]
-                    and crc_ps < th["crc_fail_per_s"]
-                ):
-                    continue
-                firing.add(link)
-                if link in fired:
-                    continue
-                msg = (
-                    f"NVLink {link} of GPU {g.index} errors growing: replay {replay_pm:.3g}/min, "
-                    f"recovery {recovery_pm:.3g}/min, CRC {crc_ps:.3g}/s over {dt:.0f} s"
-                )
-                ev = {"replay_per_min": replay_pm, "recovery_per_min": recovery_pm}
-                ev |= {"crc_per_s": crc_ps, "window_s": round(dt, 3)}
-                self._emit(snapshot.ts, "nvlink_errors", msg, g, link=link, **ev)
-            self._link_errors[g.index] = firing
+    def _conditions(self, ts: float, gpus: Mapping[int, GpuState], findings: list[Finding]) -> None:
+        """Failing findings -> conditions per (kind, GPU, link); edges and sustain on them."""
+        found: dict[tuple[str, Key], list[Finding]] = {}
+        for f in findings:
+            kind = FROM_CHECKS.get(f.check)
+            if kind is None or not f.failing or f.gpu is None:
+                continue
+            link = f.evidence.get("link") if kind.startswith("nvlink") else None
+            found.setdefault((kind, (f.gpu, link)), []).append(f)
+        for kind, key in sorted(found, key=lambda k: (k[1][0], k[0], k[1][1] or 0)):
+            self._start(ts, kind, key, gpus[key[0]], found[kind, key])
+        kinds = set(FROM_CHECKS.values())
+        for was, where in self._active | set(self._since):
+            if was not in kinds or (was, where) in found or not isinstance(where, tuple):
+                continue
+            g, known = gpus.get(where[0]), _KNOWN.get(was)
+            if g is None or not (was == "gpu_lost" or g.readable):
+                continue
+            if known is None or known(g, where[1]):
+                self._since.pop((was, where), None)
+                self._edge(was, where, False)
+        for g in gpus.values():
+            if g.readable and g.ecc_volatile_uncorrectable is not None:
+                self._ecc_last[g.index] = g.ecc_volatile_uncorrectable
 
-    def _throttle(self, ts: float, g: GpuState) -> None:
-        mask = g.clock_event_reasons
-        if mask is None:  # unknown: neither confirms nor clears
-            return
-        hold = self.cfg.throttle_sustain_s
-        at = self._sustained("throttle", g.index, ts, bool(mask & HW_THROTTLE_MASK), hold)
-        if at is None:
-            return
-        reasons = [name for bit, (name, _) in REASONS.items() if mask & bit & HW_THROTTLE_MASK]
-        text = ", ".join(r.replace("_", " ") for r in reasons)
-        msg = f"GPU {g.index} clocks cut by {text} for {hold:.0f} s"
-        ev = {"sm_clock_mhz": g.sm_clock_mhz, "temperature_c": g.temperature_c}
-        self._emit(at, "throttle", msg, g, reason=",".join(reasons), since=at - hold, **ev)
-
-    def _ecc(self, ts: float, g: GpuState) -> None:
-        count = g.ecc_volatile_uncorrectable
-        if count is None:
-            return
-        before = self._ecc_last.get(g.index)
-        self._ecc_last[g.index] = count
-        if self._edge("ecc", g.index, before is not None and count > before):
-            msg = f"GPU {g.index} volatile uncorrectable ECC errors {before} -> {count}"
-            self._emit(ts, "ecc", msg, g, before=before, after=count)
-
-    def _row_remap(self, ts: float, g: GpuState) -> None:
-        if g.remap_pending is None and g.remap_failure is None:
-            return
-        failure = g.remap_failure is True
-        if self._edge("row_remap", g.index, failure or g.remap_pending is True):
-            msg = f"GPU {g.index} row remap {'failure' if failure else 'pending'}"
-            ev = {"remap_pending": g.remap_pending, "remap_failure": g.remap_failure}
-            self._emit(ts, "row_remap", msg, g, **ev, rows=g.remapped_rows_uncorrectable)
+    def _start(self, ts: float, kind: str, key: Key, g: GpuState, fs: list[Finding]) -> None:
+        f = fs[0]
+        if kind == "throttle":
+            hold = self.cfg.throttle_sustain_s
+            at = self._sustained(kind, key, ts, True, hold)
+            if at is not None:
+                reasons = [str(x.evidence.get("reason")) for x in fs]
+                text = ", ".join(r.replace("_", " ") for r in reasons)
+                msg = f"GPU {g.index} clocks cut by {text} for {hold:.0f} s"
+                ev = {"sm_clock_mhz": g.sm_clock_mhz, "temperature_c": g.temperature_c}
+                self._emit(at, kind, msg, g, reason=",".join(reasons), since=at - hold, **ev)
+        elif kind == "ecc":
+            before, count = self._ecc_last.get(g.index), g.ecc_volatile_uncorrectable
+            grew = before is not None and count is not None and count > before
+            if self._edge(kind, key, grew):
+                msg = f"GPU {g.index} volatile uncorrectable ECC errors {before} -> {count}"
+                self._emit(ts, kind, msg, g, before=before, after=count)
+        elif self._edge(kind, key, True):
+            detail: dict[str, Any] = {**f.evidence, "check": f.check}
+            if kind == "gpu_lost":
+                detail["status"] = g.status.value
+            self._emit(ts, kind, f"GPU {g.index}: {f.message}", g, **detail)
 
     def _hang(self, ts: float, gpus: list[GpuState]) -> None:
         util = {g.index: g.utilization_gpu_pct for g in gpus}
@@ -261,9 +253,9 @@ class Detectors:
             self._emit(at, "hang", msg, None, idle_since=at - hold, utilization_pct=per_gpu)
 
     def _straggler(self, ts: float, gpus: list[GpuState]) -> None:
-        """A GPU whose mean utilisation (else power) over the window is below
-        ``straggler_ratio`` x its peers' median while the peers are busy."""
-        horizon = ts - self.cfg.straggler_window_s
+        """A GPU whose mean utilisation (else power) over the window is a straggler by
+        :func:`~slurmhealth.checks.straggler.stragglers` while its peers are busy."""
+        horizon, window = ts - self.cfg.straggler_window_s, self.cfg.straggler_window_s
         for g in gpus:
             buf = self._samples.setdefault(g.index, deque(maxlen=self._window_n))
             if g.readable and g.utilization_gpu_pct is not None:
@@ -273,29 +265,24 @@ class Detectors:
         full = {g.index: self._samples[g.index] for g in gpus}
         full = {i: buf for i, buf in full.items() if len(buf) >= self._window_n}
         util = {i: math.fsum(s[1] for s in buf) / len(buf) for i, buf in full.items()}
-        power = {i: _mean([s[2] for s in buf]) for i, buf in full.items()}
-        ratio, window = self.cfg.straggler_ratio, self.cfg.straggler_window_s
+        power = {i: p for i, buf in full.items() if (p := _mean([s[2] for s in buf])) is not None}
+        ratio = self.cfg.straggler_ratio
+        busy = {i for i, m in peer_medians(util).items() if m >= PEERS_BUSY_PCT}
+        slow = {s.gpu: ("utilization", s) for s in stragglers(util, ratio, PEERS_BUSY_PCT)}
+        for s in stragglers(power, ratio):
+            if s.gpu in busy and s.gpu not in slow:
+                slow[s.gpu] = ("power", s)
         for g in gpus:
-            i = g.index
-            slow, metric, mine, peers = False, "utilization", 0.0, 0.0
-            if len(full) >= 2 and i in full:
-                peers_util = _median([u for j, u in util.items() if j != i])
-                peer_power = [p for j, p in power.items() if j != i and p is not None]
-                if peers_util >= STRAGGLER_BUSY_PCT:
-                    mine, peers = util[i], peers_util
-                    slow = mine < ratio * peers
-                    my_power = power[i]
-                    if not slow and my_power is not None and peer_power:
-                        metric, mine, peers = "power", my_power, _median(peer_power)
-                        slow = mine < ratio * peers
-            if self._edge("straggler", i, slow):
-                unit = "%" if metric == "utilization" else " W"
-                msg = (
-                    f"GPU {i} lags its peers: mean {metric} {mine:.0f}{unit} vs the peers' "
-                    f"median {peers:.0f}{unit} over {window:.0f} s"
-                )
-                ev = {"mean": round(mine, 3), "peers_median": round(peers, 3)}
-                self._emit(ts, "straggler", msg, g, metric=metric, **ev, window_s=window)
+            if not self._edge("straggler", g.index, g.index in slow):
+                continue
+            metric, lag = slow[g.index]
+            unit = "%" if metric == "utilization" else " W"
+            msg = (
+                f"GPU {g.index} lags its peers: mean {metric} {lag.value:.0f}{unit} vs the "
+                f"peers' median {lag.peers_median:.0f}{unit} over {window:.0f} s"
+            )
+            ev = {"mean": round(lag.value, 3), "peers_median": round(lag.peers_median, 3)}
+            self._emit(ts, "straggler", msg, g, metric=metric, **ev, window_s=window)
 
     # -- Xids --------------------------------------------------------------------------------
 
@@ -316,6 +303,8 @@ class Detectors:
         log both delivered it) is one event. ``ts`` is the Xid's own time, else ``now``, else
         the last snapshot's.
         """
+        if "xid" in self._checks.disabled:
+            return []
         buses: dict[str, int] = {}
         for bus, idx in gpu_by_bus.items():
             try:

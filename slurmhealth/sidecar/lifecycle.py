@@ -14,9 +14,8 @@ import time
 from dataclasses import asdict
 
 from slurmhealth.config import Config
-from slurmhealth.model import Job
+from slurmhealth.model import Job, JobLabels
 from slurmhealth.sidecar.run import SidecarFiles
-from slurmhealth.sidecar.state import JobLabels
 
 log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"

@@ -24,8 +24,13 @@ from typing import Any
 
 from slurmhealth.config import Config
 from slurmhealth.history import rows
-from slurmhealth.model import XidEvent, normalize_pci_bus_id
-from slurmhealth.sidecar.state import Event, ExportState, JobLabels
+from slurmhealth.model import (
+    ExportState,
+    JobLabels,
+    XidEvent,
+    normalize_pci_bus_id,
+)
+from slurmhealth.sidecar.state import Event
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -168,7 +173,7 @@ class Sidecar:
         server = self._serve()
         self._announce()
         log.info("job %s: sidecar on port %s for GPUs %s", self.labels.job_id, self.port, self.gpus)
-        detectors = Detectors(self.cfg.sidecar, self.gpus)
+        detectors = Detectors(self.cfg, self.gpus)
         slurm = open_slurm(self.cfg.slurm.backend, self.cfg.slurm.command_timeout_s)
         source = self.cfg.kernel_log.source
         if source == "auto":

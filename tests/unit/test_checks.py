@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from slurmhealth.checks import (
+    PHASES,
     REGISTRY,
     CheckContext,
     catalog,
@@ -20,7 +21,6 @@ from slurmhealth.checks import (
     run_checks,
     validate_settings,
 )
-from slurmhealth.checks.nvlink import counters_of
 from slurmhealth.errors import ConfigError
 from slurmhealth.model import (
     Action,
@@ -139,7 +139,7 @@ def only(findings: list[Finding], name: str) -> Finding:
 
 
 def test_healthy_node_has_no_findings_in_any_phase() -> None:
-    for phase in ("check", "prolog", "epilog", "sidecar", "validate"):
+    for phase in PHASES:
         findings = run_checks(
             ctx(
                 node(),
@@ -361,81 +361,6 @@ def test_nvlink_known_model_with_all_links_down_fails_each() -> None:
     gpu = replace(healthy_gpu(0), nvlinks=tuple(healthy_link(n, active=False) for n in range(18)))
     findings = run_checks(ctx(node(gpu, count=1), nvlinks_per_model={H100: 18}))
     assert sorted(f.evidence["link"] for f in of(findings, "nvlink_inactive")) == list(range(18))
-
-
-# -- NVLink error rates ------------------------------------------------------------------
-
-
-def _prev(snapshot: NodeSnapshot) -> dict[str, Any]:
-    return {"ts": snapshot.ts, "gpus": counters_of(snapshot)}
-
-
-def _errors(before: GpuState, after: GpuState, dt: float) -> list[Finding]:
-    prev = node(before, ts=TS)
-    now = node(after, ts=TS + dt)
-    return run_checks(ctx(now, previous_counters=_prev(prev)))
-
-
-def test_counters_of_keys_by_uuid_and_link() -> None:
-    gpu = with_link(healthy_gpu(1), 4, replay_errors=9)
-    counters = counters_of(node(gpu))
-    assert counters[gpu.uuid or ""]["4.replay_errors"] == 9
-    assert len(counters[gpu.uuid or ""]) == 18 * 4
-
-
-def test_nvlink_replay_two_per_minute_fails() -> None:
-    before = with_link(healthy_gpu(2), 4, replay_errors=10)
-    after = with_link(healthy_gpu(2), 4, replay_errors=12)
-    f = only(_errors(before, after, 60.0), "nvlink_errors")
-    assert (f.severity, f.action, f.gpu, f.uuid) == (Severity.FAIL, Action.DRAIN, 2, after.uuid)
-    assert f.evidence["link"] == 4
-    assert f.evidence["replay_per_min"] == pytest.approx(2.0)
-    assert f.evidence["window_s"] == pytest.approx(60.0)
-
-
-def test_nvlink_recovery_growth_fails() -> None:
-    after = with_link(healthy_gpu(2), 0, recovery_errors=1)
-    f = only(_errors(healthy_gpu(2), after, 30.0), "nvlink_errors")
-    assert f.failing and f.evidence["recovery_per_min"] == pytest.approx(2.0)
-
-
-def test_nvlink_single_crc_only_warns() -> None:
-    after = with_link(healthy_gpu(2), 5, crc_flit_errors=1)
-    f = only(_errors(healthy_gpu(2), after, 60.0), "nvlink_errors")
-    assert (f.severity, f.action) == (Severity.WARN, Action.WARN)
-    assert f.evidence["crc_per_s"] == pytest.approx(1 / 60, abs=1e-3)
-
-
-def test_nvlink_crc_flood_fails() -> None:
-    after = with_link(healthy_gpu(2), 5, crc_flit_errors=6000, crc_data_errors=100)
-    f = only(_errors(healthy_gpu(2), after, 60.0), "nvlink_errors")
-    assert f.failing and f.evidence["crc_per_s"] == pytest.approx(6100 / 60, abs=1e-2)
-
-
-def test_nvlink_counters_that_went_down_are_ignored() -> None:
-    before = with_link(healthy_gpu(2), 4, replay_errors=500, crc_flit_errors=80)
-    assert _errors(before, healthy_gpu(2), 60.0) == []
-
-
-def test_nvlink_errors_need_a_previous_run() -> None:
-    after = with_link(healthy_gpu(2), 4, replay_errors=1000)
-    assert run_checks(ctx(node(after))) == []
-    assert run_checks(ctx(node(after), previous_counters={"gpus": {}})) == []
-
-
-@pytest.mark.parametrize("dt", [0.0, -60.0])
-def test_nvlink_errors_ignore_non_positive_window(dt: float) -> None:
-    after = with_link(healthy_gpu(2), 4, replay_errors=1000)
-    assert _errors(healthy_gpu(2), after, dt) == []
-
-
-def test_nvlink_replay_threshold_from_settings() -> None:
-    before = with_link(healthy_gpu(2), 4, replay_errors=10)
-    after = with_link(healthy_gpu(2), 4, replay_errors=12)
-    prev, now = node(before, ts=TS), node(after, ts=TS + 60)
-    loose = {"nvlink_errors": {"replay_per_min": 5}}
-    f = only(run_checks(ctx(now, previous_counters=_prev(prev)), loose), "nvlink_errors")
-    assert f.severity is Severity.WARN
 
 
 # -- PCIe --------------------------------------------------------------------------------

@@ -11,10 +11,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from functools import lru_cache
 
-from slurmhealth.config import SidecarConfig
-from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink, Severity, XidEvent
+from slurmhealth.config import Config, SidecarConfig
+from slurmhealth.model import (
+    GpuState,
+    GpuStatus,
+    NodeSnapshot,
+    NvLink,
+    Severity,
+    TaskStats,
+    XidEvent,
+)
 from slurmhealth.sidecar.detectors import KINDS, Detectors
-from slurmhealth.sidecar.state import Event, TaskStats
+from slurmhealth.sidecar.state import Event
 
 H100 = "NVIDIA H100 80GB HBM3"
 BUS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
@@ -62,7 +70,7 @@ def run(
 
 
 def detectors(**cfg: float) -> Detectors:
-    return Detectors(SidecarConfig(**cfg), JOB_GPUS)  # type: ignore[arg-type]
+    return Detectors(Config(sidecar=SidecarConfig(**cfg)), JOB_GPUS)  # type: ignore[arg-type]
 
 
 def only(events: list[Event]) -> Event:
@@ -122,6 +130,18 @@ def test_nvlink_down_from_the_start_and_unknown_state() -> None:
     assert run(det, range(20, 60, 10), lambda t: snap(t, g1=link_down(gpu(1), 0))) == []
 
 
+def test_all_links_down_at_once_on_a_model_the_config_does_not_list() -> None:
+    def make(t: float) -> NodeSnapshot:
+        gpus = {f"g{i}": replace(gpu(i), name="NVIDIA B200") for i in range(8)}
+        if t >= 60:
+            gpus = {k: link_down(g, *range(18)) for k, g in gpus.items()}
+        return snap(t, **gpus)
+
+    events = run(detectors(), range(0, 120, 10), make)
+    assert len(events) == 8 * 18 and {e.kind for e in events} == {"nvlink_down"}
+    assert {e.ts for e in events} == {T0 + 60}
+
+
 def test_nvlink_error_growth() -> None:
     def make(t: float) -> NodeSnapshot:
         g = gpu(4)
@@ -130,10 +150,21 @@ def test_nvlink_error_growth() -> None:
         nvl = tuple(replace(lk, replay_errors=replays if lk.link == 3 else 0) for lk in g.nvlinks)
         return snap(t, g4=replace(g, nvlinks=nvl))
 
-    ev = only(run(detectors(), range(0, 200, 10), make))
-    assert (ev.kind, ev.gpu, ev.severity, ev.ts) == ("nvlink_errors", 4, Severity.FAIL, T0 + 50)
-    assert ev.evidence["link"] == 3
-    assert ev.evidence["replay_per_min"] >= 1
+    # judged once the check's min_window_s (300 s) of evidence is in: from t=0 to t=300
+    ev = only(run(detectors(), range(0, 600, 10), make))
+    assert (ev.kind, ev.gpu, ev.severity, ev.ts) == ("nvlink_errors", 4, Severity.FAIL, T0 + 300)
+    assert ev.evidence["link"] == 3 and ev.evidence["window_s"] == 300
+    assert ev.evidence["replay_per_min"] == 60  # 300 replays over 300 s
+
+
+def test_single_nvlink_replay_mid_job_is_no_event() -> None:
+    def make(t: float) -> NodeSnapshot:
+        g = gpu(4)
+        assert g.nvlinks is not None
+        nvl = tuple(replace(lk, replay_errors=int(t >= 50)) for lk in g.nvlinks)
+        return snap(t, g4=replace(g, nvlinks=nvl))
+
+    assert run(detectors(), range(0, 900, 10), make) == []
 
 
 def test_xid_79_mapped_to_its_gpu_by_bus_id() -> None:
@@ -160,7 +191,7 @@ def test_xid_79_mapped_to_its_gpu_by_bus_id() -> None:
 
 
 def test_xid_application_level_is_recorded_not_critical() -> None:
-    det = Detectors(SidecarConfig(), [0, 1])
+    det = Detectors(Config(), [0, 1])
     gpu_by_bus = {gpu(i).pci_bus_id or "": i for i in range(8)}
     xids = [
         XidEvent(xid=13, pci_bus_id="0000:2a:00", message="", raw="", ts=None),
@@ -248,7 +279,7 @@ def test_straggler_by_power_when_utilisation_looks_equal() -> None:
 
 
 def test_straggler_needs_two_gpus() -> None:
-    det = Detectors(SidecarConfig(), [3])
+    det = Detectors(Config(), [3])
     assert run(det, range(0, 900, 10), lambda t: snap(t, g3=gpu(3, 10.0))) == []
 
 

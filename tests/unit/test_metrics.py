@@ -12,8 +12,15 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from slurmhealth.metrics import GPU_LABELS, JOB_LABELS, SidecarCollector, render
-from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
-from slurmhealth.sidecar.state import ExportState, JobLabels, TaskStats
+from slurmhealth.model import (
+    ExportState,
+    GpuState,
+    GpuStatus,
+    JobLabels,
+    NodeSnapshot,
+    NvLink,
+    TaskStats,
+)
 from tests.prometheus_util import promtool
 
 GIB = 1024**3

@@ -16,7 +16,7 @@ import pynvml
 import pytest
 
 from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.checks.nvlink import counters_of
+from slurmhealth.checks.counters import load, remember, window_of
 from slurmhealth.errors import GpuBackendError
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.scenario import SUPPORT_GROUPS, load_scenario
@@ -306,8 +306,9 @@ def test_rate_fault_grows_with_the_scenario_clock(make: Callable[..., NvmlBacken
     other = second.gpu(1)
     assert other is not None and other.nvlinks is not None and other.nvlinks[4].replay_errors == 0
 
-    prev = {"ts": first.ts, "gpus": counters_of(first)}
-    findings = run_checks(CheckContext(snapshot=second, previous_counters=prev))
+    history = remember(load(None), first, window_of())
+    clock.at(130 + window_of())  # a rate is judged over the check's minimum window
+    findings = run_checks(CheckContext(snapshot=backend.snapshot(), counter_history=history))
     assert [(f.check, f.severity, f.gpu, f.evidence["link"]) for f in findings] == [
         ("nvlink_errors", Severity.FAIL, 2, 4)
     ]

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from slurmhealth.metrics import SidecarCollector, serve
-from slurmhealth.sidecar.state import TaskStats
+from slurmhealth.model import TaskStats
 from tests.prometheus_util import promtool, query, start_prometheus
 from tests.unit.test_metrics import state
 

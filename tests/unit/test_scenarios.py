@@ -23,7 +23,13 @@ def _expect(path: Path) -> dict[str, Any]:
 
 def _run(path: Path, tmp_path: Path, expect: dict[str, Any]) -> CheckResult:
     cfg_file = tmp_path / "config.toml"
-    cfg_file.write_text("")
+    tables = expect.get("checks", {}).items()
+    cfg_file.write_text(
+        "".join(
+            f"[checks.{name}]\n" + "".join(f"{k} = {v}\n" for k, v in th.items())
+            for name, th in tables
+        )
+    )
     flags = {
         "gpu.backend": "sim",
         "gpu.sim_scenario": str(path),
@@ -33,7 +39,7 @@ def _run(path: Path, tmp_path: Path, expect: dict[str, Any]) -> CheckResult:
         **expect.get("config", {}),
     }
     cfg = load_config(str(cfg_file), env={}, flags=flags)
-    return run_check(cfg)
+    return run_check(cfg, phase=expect.get("phase", "check"))
 
 
 def test_scenarios_are_shipped() -> None:

@@ -62,6 +62,9 @@ file_sd_dir = "{tmp}/file_sd"
 throttle_sustain_s = 2.0
 straggler_window_s = 3.0
 hang_after_s = {hang_after}
+# the test's loop writes its steps in bursts once a second: at the default factor (5 x a
+# 0.1 s step) a sample taken late in that second would see a stall
+stall_factor = 20.0
 """
     )
     env = {
