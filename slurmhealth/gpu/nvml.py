@@ -248,6 +248,7 @@ class NvmlBackend:
         self._clock = clock
         self._started = False
         self._event_set: Any = None
+        self._event_lock = threading.Lock()  # a wait and the free never overlap
 
     @property
     def kernel_log_hint(self) -> str | None:
@@ -268,10 +269,26 @@ class NvmlBackend:
         self._started = True
 
     def close(self) -> None:
+        """Free the Xid event set (if one was made) and shut NVML down."""
         if self._started:
             self._started = False
+            self._free_event_set()
             with contextlib.suppress(self.lib.NVMLError):
                 self.lib.nvmlShutdown()
+
+    def _free_event_set(self) -> None:
+        if self._event_set is None:
+            return
+        # a wait_xid in another thread is given its timeout to end; a set still waited on
+        # after that is left to nvmlShutdown rather than freed under the waiting call
+        if not self._event_lock.acquire(timeout=self.timeout_s):
+            return
+        try:
+            event_set, self._event_set = self._event_set, None
+            with contextlib.suppress(self.lib.NVMLError):
+                self.lib.nvmlEventSetFree(event_set)
+        finally:
+            self._event_lock.release()
 
     def devices(self) -> list[int]:
         """Indices of the GPUs the driver enumerates (``nvidia-smi -L``)."""
@@ -323,24 +340,29 @@ class NvmlBackend:
         except (self.lib.NVMLError, AttributeError):
             return None
 
+    def _register_xid_events(self) -> Any:
+        """An event set with every GPU that can report Xids registered (freed by close)."""
+        lib = self.lib
+        event_set = lib.nvmlEventSetCreate()
+        for i in range(int(lib.nvmlDeviceGetCount())):
+            try:
+                h = lib.nvmlDeviceGetHandleByIndex(i)
+                lib.nvmlDeviceRegisterEvents(h, lib.nvmlEventTypeXidCriticalError, event_set)
+            except lib.NVMLError:
+                continue
+        return event_set
+
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:
         """Xids delivered by NVML's event API within ``timeout_s`` (empty on timeout)."""
         self._start()
         lib = self.lib
-        if self._event_set is None:
-            self._event_set = lib.nvmlEventSetCreate()
-            for i in range(int(lib.nvmlDeviceGetCount())):
-                try:
-                    h = lib.nvmlDeviceGetHandleByIndex(i)
-                    lib.nvmlDeviceRegisterEvents(
-                        h, lib.nvmlEventTypeXidCriticalError, self._event_set
-                    )
-                except lib.NVMLError:
-                    continue
-        try:
-            data = lib.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
-        except lib.NVMLError:
-            return []
+        with self._event_lock:
+            if self._event_set is None:
+                self._event_set = self._register_xid_events()
+            try:
+                data = lib.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
+            except lib.NVMLError:
+                return []
         try:
             bus = normalize_pci_bus_id(_text(lib.nvmlDeviceGetPciInfo(data.device).busId))
         except (lib.NVMLError, ValueError):

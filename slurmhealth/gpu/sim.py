@@ -55,6 +55,14 @@ class _EventData:
     computeInstanceId: int = 0xFFFFFFFF
 
 
+class _EventSet:
+    """What ``nvmlEventSetCreate`` returns: the GPUs registered, and whether it was freed."""
+
+    def __init__(self) -> None:
+        self.handles: list[SimHandle] = []
+        self.freed = False
+
+
 class SimulatedNvml(DeviceQueries):
     """Stand-in for the ``pynvml`` module, for one node of a scenario."""
 
@@ -82,6 +90,7 @@ class SimulatedNvml(DeviceQueries):
         self._initialized = False
         self._delivered: set[tuple[int, int]] = set()  # (fault, GPU) Xids already delivered
         self.calls = 0
+        self.event_sets: list[_EventSet] = []
 
     def _first_use(self) -> float:
         """The scenario clock starts when this version of the scenario file is first used on
@@ -197,25 +206,38 @@ class SimulatedNvml(DeviceQueries):
         return int(pynvml.NVML_SUCCESS)
 
     # -- events (Xid) ----------------------------------------------------------------
-    def nvmlEventSetCreate(self) -> list[SimHandle]:
+    def nvmlEventSetCreate(self) -> _EventSet:
         self._require_init()
-        return []
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
 
-    def nvmlDeviceRegisterEvents(self, h: SimHandle, types: int, event_set: list[Any]) -> None:
+    def _live(self, event_set: _EventSet) -> _EventSet:
+        if event_set.freed:  # a use after nvmlEventSetFree: a crash on a real driver
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, h: SimHandle, types: int, event_set: _EventSet) -> None:
         self._device(h)
-        event_set.append(h)
+        self._live(event_set).handles.append(h)
 
-    def nvmlEventSetFree(self, event_set: list[Any]) -> None:
-        event_set.clear()
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        self._live(event_set).freed = True
 
-    def nvmlEventSetWait_v2(self, event_set: list[SimHandle], timeout_ms: int) -> _EventData:
+    @property
+    def open_event_sets(self) -> int:
+        """Event sets created and not freed (each one a leak on a real driver)."""
+        return sum(not s.freed for s in self.event_sets)
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> _EventData:
         self._require_init()
+        handles = self._live(event_set).handles
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for n, fault in enumerate(self.node.faults):
                 if fault.xid is None or self.now() < fault.at:
                     continue
-                for h in event_set:
+                for h in handles:
                     if (n, h.index) in self._delivered:
                         continue
                     if fault.gpus is None or h.index in fault.gpus:

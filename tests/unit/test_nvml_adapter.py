@@ -7,6 +7,7 @@ code against pynvml's return shapes and exception classes.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -342,6 +343,58 @@ def test_wait_xid_times_out_empty(make: Callable[..., NvmlBackend]) -> None:
     t0 = time.monotonic()
     assert backend.wait_xid(0.2) == []
     assert 0.15 < time.monotonic() - t0 < 1.5
+
+
+def test_close_frees_the_xid_event_set(make: Callable[..., NvmlBackend]) -> None:
+    backend = make("[[faults]]\ngpu = 3\nat = 0\nxid = 79\n")
+    lib = backend.lib
+    assert len(backend.wait_xid(2.0)) == 1
+    assert backend.wait_xid(0.05) == []
+    assert (len(lib.event_sets), lib.open_event_sets) == (1, 1)  # one set, reused
+    backend.close()
+    assert lib.open_event_sets == 0
+    assert lib.event_sets[0].handles, "the GPUs were registered on the set that was freed"
+
+
+def test_close_without_waiting_makes_no_event_set(make: Callable[..., NvmlBackend]) -> None:
+    backend = make()
+    backend.snapshot()
+    backend.close()
+    assert backend.lib.event_sets == []
+
+
+class OrderedNvml(SimulatedNvml):
+    """Logs when an event wait ends and when its set is freed."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.log: list[str] = []
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        try:
+            return super().nvmlEventSetWait_v2(event_set, timeout_ms)
+        finally:
+            self.log.append("wait ended")
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self.log.append("free")
+        super().nvmlEventSetFree(event_set)
+
+
+def test_close_frees_the_set_only_after_a_wait_in_another_thread(
+    make: Callable[..., NvmlBackend],
+) -> None:
+    backend = make("[[faults]]\ngpu = 3\nat = 3600\nxid = 79\n", lib_class=OrderedNvml)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(backend.wait_xid(0.5)))
+    waiter.start()
+    while not backend.lib.event_sets:  # the waiter is about to wait on the set
+        time.sleep(0.01)
+    backend.close()
+    waiter.join(2.0)
+    assert got == [[]]
+    assert backend.lib.log == ["wait ended", "free"]  # never freed under the waiting call
+    assert backend.lib.open_event_sets == 0
 
 
 # -- NVML that does not start ------------------------------------------------------------
