@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slurmhealth.errors import GpuBackendError
+from slurmhealth.gpu.nvlink_counters import LINK_COUNTERS, read_link_errors
 from slurmhealth.model import (
     GpuProcess,
     GpuState,
@@ -63,28 +64,38 @@ class _Reader:
         self.index = index
         self.current = "nvmlDeviceGetHandleByIndex"
         self.result: GpuState | None = None
-        self._unknown = {getattr(lib, name) for name in _UNKNOWN_CODES if hasattr(lib, name)} or {3}
+        self.unknown = {getattr(lib, name) for name in _UNKNOWN_CODES if hasattr(lib, name)} or {3}
         self._lost = getattr(lib, "NVML_ERROR_GPU_IS_LOST", 15)
         self._reset = getattr(lib, "NVML_ERROR_RESET_REQUIRED", 16)
         self.errors: list[str] = []
 
     def call(self, name: str, *args: Any) -> Any:
         """Call ``lib.<name>``; unknown -> None; lost/reset -> :class:`_GpuGone`."""
+        return self.attempt(name, *args)[0]
+
+    def attempt(self, name: str, *args: Any) -> tuple[Any, int | None]:
+        """``(answer, None)``, or ``(None, error code)`` once :meth:`judge` has judged it."""
         self.current = name
         fn = getattr(self.lib, name, None)
         if fn is None:  # an older pynvml without this function: unknown
-            return None
+            return None, getattr(self.lib, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         try:
-            return fn(*args)
+            return fn(*args), None
         except self.lib.NVMLError as exc:
             code = getattr(exc, "value", None)
-            if code == self._lost:
-                raise _GpuGone(GpuStatus.LOST, f"{name}: GPU is lost") from None
-            if code == self._reset:
-                raise _GpuGone(GpuStatus.RESET_REQUIRED, f"{name}: GPU requires reset") from None
-            if code not in self._unknown:
-                self.errors.append(f"{name}: {exc}")
-            return None
+            self.judge(name, code, str(exc))
+            return None, code
+
+    def judge(self, name: str, code: int | None, text: str) -> None:
+        """Give an NVML error code its meaning: unknown is silent, lost/reset end the read of
+        this GPU, anything else is noted on the GPU. Also used for the per-field return codes
+        of ``nvmlDeviceGetFieldValues``."""
+        if code == self._lost:
+            raise _GpuGone(GpuStatus.LOST, f"{name}: GPU is lost")
+        if code == self._reset:
+            raise _GpuGone(GpuStatus.RESET_REQUIRED, f"{name}: GPU requires reset")
+        if code not in self.unknown:
+            self.errors.append(f"{name}: {text}")
 
     def run(self) -> None:
         try:
@@ -175,12 +186,15 @@ class _Reader:
         return None if value is None else int(value)
 
     def _nvlinks(self, h: Any) -> tuple[NvLink, ...] | None:
-        lib, c = self.lib, self.call
-        links = []
-        for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 18))):
+        c = self.call
+        states = {}
+        for link in range(int(getattr(self.lib, "NVML_NVLINK_MAX_LINKS", 18))):
             state = c("nvmlDeviceGetNvLinkState", h, link)
-            if state is None:
-                continue  # the device has no such link
+            if state is not None:  # None: the device has no such link
+                states[link] = state
+        errors = read_link_errors(self, h, list(states))
+        links = []
+        for link, state in states.items():
             remote = c("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
             links.append(
                 NvLink(
@@ -188,27 +202,7 @@ class _Reader:
                     active=state == 1,
                     remote_pci_bus_id=None if remote is None else _text(remote.busId),
                     version=c("nvmlDeviceGetNvLinkVersion", h, link),
-                    replay_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter", h, link, lib.NVML_NVLINK_ERROR_DL_REPLAY
-                    ),
-                    recovery_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter",
-                        h,
-                        link,
-                        lib.NVML_NVLINK_ERROR_DL_RECOVERY,
-                    ),
-                    crc_flit_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter",
-                        h,
-                        link,
-                        lib.NVML_NVLINK_ERROR_DL_CRC_FLIT,
-                    ),
-                    crc_data_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter",
-                        h,
-                        link,
-                        lib.NVML_NVLINK_ERROR_DL_CRC_DATA,
-                    ),
+                    **{name: errors.get((link, name)) for name in LINK_COUNTERS},
                 )
             )
         return tuple(links) if links else None

@@ -31,7 +31,7 @@ SUPPORT_GROUPS = (
     "serial", "minor_number", "persistence_mode", "temperature", "margin_temperature",
     "power", "power_limit", "energy", "utilization", "memory", "clocks", "clock_event_reasons",
     "pcie", "pcie_replay", "ecc", "row_remap", "retired_pages", "nvlink", "nvlink_errors",
-    "fabric", "processes",
+    "nvlink_counter_api", "fabric", "processes",
 )  # fmt: skip
 
 GPU_FIELDS: dict[str, type] = {

@@ -35,7 +35,8 @@ _CONSTANTS = (
     "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_TIMEOUT", "NVML_ERROR_UNINITIALIZED",
     "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_FOUND",
-    "NVML_SUCCESS",
+    "NVML_SUCCESS", "NVML_ERROR_UNKNOWN", "c_nvmlFieldValue_t",
+    *(name for name in dir(pynvml) if name.startswith(("NVML_FI_DEV_NVLINK_", "NVML_VALUE_TYPE_"))),
 )  # fmt: skip
 
 _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status

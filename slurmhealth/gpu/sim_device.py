@@ -30,6 +30,29 @@ class _Process:
     usedGpuMemory: int | None
 
 
+_COUNTER_API = {
+    pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
+    pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
+}
+# field ids scoped by link (scopeId = link), as Hopper and later answer them
+_SCOPED_FIELDS = {
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_flit",
+}
+# one field id per link and counter, links 0..11
+_PER_LINK_FIELDS = {
+    getattr(pynvml, f"NVML_FI_DEV_NVLINK_{kind}_ERROR_COUNT_L{link}"): (link, name)
+    for link in range(12)
+    for kind, name in (
+        ("REPLAY", "replay"), ("RECOVERY", "recovery"),
+        ("CRC_FLIT", "crc_flit"), ("CRC_DATA", "crc_data"),
+    )
+}  # fmt: skip
+
+
 class DeviceQueries:
     """The ``nvmlDeviceGet*`` functions of :class:`slurmhealth.gpu.sim.SimulatedNvml`."""
 
@@ -159,15 +182,40 @@ class DeviceQueries:
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h: SimHandle, link: int, counter: int) -> int:
         i = self._link(h, link, "nvlink_errors")
-        name = {
-            pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
-            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
-            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
-            pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
-        }.get(counter)
-        if name is None:
+        name = _COUNTER_API.get(counter)
+        if name is None or "nvlink_counter_api" in self.field(i, "not_supported"):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return int(self.field(i, f"nvlink.{link}.{name}"))
+
+    def nvmlDeviceGetFieldValues(self, h: SimHandle, field_ids: list[Any]) -> Any:
+        """pynvml's shape: an array of ``c_nvmlFieldValue_t``, one ``nvmlReturn`` each.
+        Answers the NVLink error counters; every other field is NotSupported."""
+        i = self._device(h)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        for fv, wanted in zip(values, field_ids, strict=True):
+            field_id, scope = wanted if isinstance(wanted, tuple | list) else (wanted, 0)
+            fv.fieldId, fv.scopeId = field_id, scope
+            path = self._counter_field(i, field_id, scope)
+            if path is None:
+                fv.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            fv.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            fv.value.ullVal = int(self.field(i, path))
+            fv.nvmlReturn = pynvml.NVML_SUCCESS
+        return values
+
+    def _counter_field(self, i: int, field_id: int, scope: int) -> str | None:
+        if field_id in _SCOPED_FIELDS:
+            link, name = scope, _SCOPED_FIELDS[field_id]
+        elif field_id in _PER_LINK_FIELDS:
+            link, name = _PER_LINK_FIELDS[field_id]
+        else:
+            return None
+        if "nvlink_errors" in self.field(i, "not_supported"):
+            return None
+        if not 0 <= link < int(self.field(i, "nvlink_count")):
+            return None
+        return f"nvlink.{link}.{name}"
 
     # -- processes -----------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses(self, h: SimHandle) -> list[_Process]:

@@ -20,59 +20,21 @@ from slurmhealth.checks import CheckContext, run_checks
 from slurmhealth.checks.nvlink import counters_of
 from slurmhealth.errors import GpuBackendError
 from slurmhealth.gpu.nvml import NvmlBackend
-from slurmhealth.gpu.scenario import SUPPORT_GROUPS, load_scenario
+from slurmhealth.gpu.scenario import SUPPORT_GROUPS
 from slurmhealth.gpu.sim import SimHandle, SimulatedNvml
 from slurmhealth.kernel_log import parse_line, parse_xid
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, Severity
+from tests.unit.sim_backend import EPOCH, NODE, FakeClock, SimBackends
 
-NODE = "gpu-node-01"
-EPOCH = 1_700_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-class FakeClock:
-    """Wall clock under test control; starts ``t`` seconds into the scenario."""
-
-    def __init__(self, t: float = 10.0) -> None:
-        self.now = EPOCH + t
-
-    def __call__(self) -> float:
-        return self.now
-
-    def at(self, t: float) -> None:
-        self.now = EPOCH + t
 
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., NvmlBackend]]:
     """Build a backend from scenario text; every backend is closed (hung calls released)."""
-    made: list[NvmlBackend] = []
-
-    def build(
-        text: str = "",
-        *,
-        lib_class: type[SimulatedNvml] = SimulatedNvml,
-        clock: Callable[[], float] | None = None,
-        timeout_s: float = 5.0,
-        node: str = NODE,
-    ) -> NvmlBackend:
-        path = tmp_path / f"scenario{len(made)}.toml"
-        path.write_text(text)
-        clk = clock or FakeClock()
-        lib = lib_class(
-            load_scenario(str(path)),
-            node,
-            epoch=EPOCH,
-            kernel_log_path=str(tmp_path / f"kmsg{len(made)}"),
-            clock=clk,
-        )
-        backend = NvmlBackend(lib, node=node, timeout_s=timeout_s, clock=clk)
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        backend.close()
+    backends = SimBackends(tmp_path)
+    yield backends
+    backends.close_all()
 
 
 def findings_of(snapshot: NodeSnapshot, **kw: Any) -> list[Any]:
@@ -143,6 +105,7 @@ GROUP_FIELDS: dict[str, tuple[str, ...]] = {
         "nvlinks[].crc_flit_errors",
         "nvlinks[].crc_data_errors",
     ),
+    "nvlink_counter_api": (),  # the field-value API answers instead (test_nvlink_counters.py)
     "fabric": ("fabric_state", "fabric_status"),
     "processes": ("processes",),
 }
