@@ -29,26 +29,36 @@ def open_backend(cfg: Config) -> GpuBackend:
     """The backend the config asks for. Scenario and library errors are raised here."""
     from slurmhealth.gpu.nvml import NvmlBackend
 
-    node = cfg.node_name
     if cfg.gpu.backend == "sim":
-        from slurmhealth.gpu.scenario import load_scenario
-        from slurmhealth.gpu.sim import SimulatedNvml
-
-        if not cfg.gpu.sim_scenario:
-            raise UsageError(
-                "gpu.backend is 'sim' but no scenario is set "
-                "(SLURMHEALTH_SIM_SCENARIO or gpu.sim_scenario)"
-            )
-        scenario = load_scenario(cfg.gpu.sim_scenario)
-        lib = SimulatedNvml(
-            scenario,
-            node,
-            epoch=cfg.gpu.sim_epoch,
-            kernel_log_path=cfg.expand(cfg.gpu.sim_kernel_log) if cfg.gpu.sim_kernel_log else "",
-        )
-        return NvmlBackend(lib, node=node, timeout_s=cfg.gpu.snapshot_timeout_s)
+        return _simulated(cfg)
     try:
         import pynvml
     except ImportError as exc:
         raise GpuBackendError(f"cannot import pynvml: {exc}", "pip install nvidia-ml-py") from None
-    return NvmlBackend(pynvml, node=node, timeout_s=cfg.gpu.snapshot_timeout_s)
+    return NvmlBackend(pynvml, node=cfg.node_name, timeout_s=cfg.gpu.snapshot_timeout_s)
+
+
+def _simulated(cfg: Config) -> GpuBackend:
+    """The simulator on the configured scenario, or the replay of the recording it names."""
+    from slurmhealth.gpu.nvml import NvmlBackend
+    from slurmhealth.gpu.scenario import load_scenario
+    from slurmhealth.gpu.sim import SimulatedNvml, default_kernel_log
+
+    if not cfg.gpu.sim_scenario:
+        raise UsageError(
+            "gpu.backend is 'sim' but no scenario is set "
+            "(SLURMHEALTH_SIM_SCENARIO or gpu.sim_scenario)"
+        )
+    node, timeout_s = cfg.node_name, cfg.gpu.snapshot_timeout_s
+    scenario = load_scenario(cfg.gpu.sim_scenario)
+    kernel_log = cfg.expand(cfg.gpu.sim_kernel_log) if cfg.gpu.sim_kernel_log else ""
+    if scenario.replay:
+        from slurmhealth.gpu.replay import ReplayNvml, load_recording
+
+        replay = ReplayNvml(
+            load_recording(scenario.replay),
+            kernel_log_path=kernel_log or default_kernel_log(scenario.name, node),
+        )
+        return NvmlBackend(replay, node=node, timeout_s=timeout_s, clock=replay.clock)
+    lib = SimulatedNvml(scenario, node, epoch=cfg.gpu.sim_epoch, kernel_log_path=kernel_log)
+    return NvmlBackend(lib, node=node, timeout_s=timeout_s)

@@ -55,7 +55,7 @@ NVLINK_FIELDS: dict[str, type] = {
     "replay": int, "recovery": int, "crc_flit": int, "crc_data": int,
 }  # fmt: skip
 NODE_KEYS = {"preset", "gpus", "driver_version", "nvml_version", "all_gpus", "gpu", "faults"}
-TOP_KEYS = NODE_KEYS | {"name", "description", "expect", "nodes"}
+TOP_KEYS = NODE_KEYS | {"name", "description", "expect", "nodes", "replay"}
 
 _H100_BUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
 _SWITCH_OF_LINK = [0] * 5 + [1] * 4 + [2] * 4 + [3] * 5  # DGX H100: 4 NVSwitches, 5/4/4/5
@@ -167,6 +167,7 @@ class Scenario:
     description: str
     data: Mapping[str, Any]
     expect: Mapping[str, Any]
+    replay: str | None = None  # a recording of real NVML answers (gpu/replay.py) to replay
 
     def for_node(self, node: str) -> NodeScenario:
         return _build_node(self.path, self.data, node)
@@ -357,11 +358,13 @@ def load_scenario(path: str) -> Scenario:
     for key in data:
         if key not in TOP_KEYS:
             raise ScenarioError(path, key, f"unknown key (known: {', '.join(sorted(TOP_KEYS))})")
-    nodes = data.get("nodes", {})
-    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
-        raise ScenarioError(path, "nodes", "expected tables [nodes.NAME]")
-    for name in [*nodes, "__default__"]:  # validate every node now, not at first use
-        _build_node(path, data, name)
+    replay = None
+    if "replay" in data:
+        from slurmhealth.gpu.replay import replay_path
+
+        replay = replay_path(path, data)
+    else:
+        _check_nodes(path, data)
     expect = data.get("expect", {})
     if not isinstance(expect, dict):
         raise ScenarioError(path, "expect", "expected a table")
@@ -371,4 +374,14 @@ def load_scenario(path: str) -> Scenario:
         description=str(data.get("description", "")),
         data=data,
         expect=expect,
+        replay=replay,
     )
+
+
+def _check_nodes(path: str, data: Mapping[str, Any]) -> None:
+    """Build every node of the scenario now, so an error shows at load, not at first use."""
+    nodes = data.get("nodes", {})
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ScenarioError(path, "nodes", "expected tables [nodes.NAME]")
+    for name in [*nodes, "__default__"]:
+        _build_node(path, data, name)

@@ -47,6 +47,15 @@ _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
 }
 
 
+def default_kernel_log(scenario_name: str, node: str) -> str:
+    """Where a simulated node's kernel log goes unless ``gpu.sim_kernel_log`` says."""
+    return os.path.join(
+        os.environ.get("TMPDIR", "/tmp"),
+        f"slurmhealth-sim-{os.getuid()}",
+        f"{scenario_name}-{node}.kmsg",
+    )
+
+
 @dataclass(frozen=True)
 class _EventData:
     device: SimHandle
@@ -81,11 +90,7 @@ class SimulatedNvml(DeviceQueries):
         self.scenario = scenario
         self.node: NodeScenario = scenario.for_node(node)
         self._clock = clock
-        self.kernel_log_path = kernel_log_path or os.path.join(
-            os.environ.get("TMPDIR", "/tmp"),
-            f"slurmhealth-sim-{os.getuid()}",
-            f"{scenario.name}-{node}.kmsg",
-        )
+        self.kernel_log_path = kernel_log_path or default_kernel_log(scenario.name, node)
         self.epoch = epoch or self._first_use()
         self._release = threading.Event()  # wakes calls hung by a fault when closing
         self._initialized = False
