@@ -39,7 +39,9 @@ READ_ONLY = re.compile(
 
 def device_check(tmp_path: Path, scenario: Path, out: Path) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "config.toml"
-    config.write_text("")
+    # the run's two snapshots are 0.5 s apart: judge rates over that (for rate checks that
+    # want a minimum window of evidence; thresholds a check does not know are unused)
+    config.write_text("[checks.nvlink_errors]\nmin_window_s = 0.2\nmin_count = 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMHEALTH_")}
     env |= {
         "SLURMHEALTH_CONFIG": str(config),
