@@ -108,75 +108,92 @@ class _Reader:
             )
 
     def _read(self) -> GpuState:
-        lib, c = self.lib, self.call
-        h = c("nvmlDeviceGetHandleByIndex", self.index)
+        h = self.call("nvmlDeviceGetHandleByIndex", self.index)
         if h is None:
             return GpuState(self.index, GpuStatus.ERROR, error="; ".join(self.errors) or None)
-        pci = c("nvmlDeviceGetPciInfo", h)
-        util = c("nvmlDeviceGetUtilizationRates", h)
-        mem = c("nvmlDeviceGetMemoryInfo", h)
-        power = c("nvmlDeviceGetPowerUsage", h)
-        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
-        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
-        ecc = c("nvmlDeviceGetEccMode", h)
-        rows = c("nvmlDeviceGetRemappedRows", h)
-        procs = c("nvmlDeviceGetComputeRunningProcesses", h)
-        unc = lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        persistence = c("nvmlDeviceGetPersistenceMode", h)
-        fabric = self._fabric(h)
-        retired = None if rows is not None else c("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        fields = self._identity(h) | self._load(h) | self._links_and_clocks(h)
+        fields |= self._memory_errors(h)
+        fabric_state, fabric_status = self._fabric(h)
+        procs = self.call("nvmlDeviceGetComputeRunningProcesses", h)
         return GpuState(
             index=self.index,
-            uuid=_opt_text(c("nvmlDeviceGetUUID", h)),
-            name=_opt_text(c("nvmlDeviceGetName", h)),
-            pci_bus_id=None if pci is None else _text(pci.busId),
-            serial=_opt_text(c("nvmlDeviceGetSerial", h)),
-            minor_number=c("nvmlDeviceGetMinorNumber", h),
-            persistence_mode=None if persistence is None else persistence == 1,
-            temperature_c=c("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU),
-            margin_temperature_c=c("nvmlDeviceGetMarginTemperature", h),
-            power_w=None if power is None else power / 1000.0,
-            power_limit_w=None if limit is None else limit / 1000.0,
-            energy_j=None if energy is None else energy / 1000.0,
-            utilization_gpu_pct=None if util is None else int(util.gpu),
-            utilization_memory_pct=None if util is None else int(util.memory),
-            memory_total_bytes=None if mem is None else int(mem.total),
-            memory_used_bytes=None if mem is None else int(mem.used),
-            sm_clock_mhz=c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM),
-            sm_clock_max_mhz=c("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_SM),
-            mem_clock_mhz=c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_MEM),
-            clock_event_reasons=self._clock_reasons(h),
-            pcie_gen=c("nvmlDeviceGetCurrPcieLinkGeneration", h),
-            pcie_gen_max=c("nvmlDeviceGetMaxPcieLinkGeneration", h),
-            pcie_width=c("nvmlDeviceGetCurrPcieLinkWidth", h),
-            pcie_width_max=c("nvmlDeviceGetMaxPcieLinkWidth", h),
-            pcie_replay_errors=c("nvmlDeviceGetPcieReplayCounter", h),
-            ecc_enabled=None if ecc is None else ecc[0] == lib.NVML_FEATURE_ENABLED,
-            ecc_volatile_uncorrectable=c(
-                "nvmlDeviceGetTotalEccErrors", h, unc, lib.NVML_VOLATILE_ECC
-            ),
-            ecc_volatile_correctable=c(
-                "nvmlDeviceGetTotalEccErrors",
-                h,
-                lib.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                lib.NVML_VOLATILE_ECC,
-            ),
-            ecc_aggregate_uncorrectable=c(
-                "nvmlDeviceGetTotalEccErrors", h, unc, lib.NVML_AGGREGATE_ECC
-            ),
-            remapped_rows_correctable=None if rows is None else int(rows[0]),
-            remapped_rows_uncorrectable=None if rows is None else int(rows[1]),
-            remap_pending=None if rows is None else bool(rows[2]),
-            remap_failure=None if rows is None else bool(rows[3]),
-            retired_pages_pending=None if retired is None else bool(retired),
+            **fields,
             nvlinks=self._nvlinks(h),
-            fabric_state=fabric[0],
-            fabric_status=fabric[1],
+            fabric_state=fabric_state,
+            fabric_status=fabric_status,
             processes=None
             if procs is None
             else tuple(GpuProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in procs),
             error="; ".join(self.errors) or None,
         )
+
+    def _identity(self, h: Any) -> dict[str, Any]:
+        c = self.call
+        pci = c("nvmlDeviceGetPciInfo", h)
+        persistence = c("nvmlDeviceGetPersistenceMode", h)
+        return {
+            "uuid": _opt_text(c("nvmlDeviceGetUUID", h)),
+            "name": _opt_text(c("nvmlDeviceGetName", h)),
+            "pci_bus_id": None if pci is None else _text(pci.busId),
+            "serial": _opt_text(c("nvmlDeviceGetSerial", h)),
+            "minor_number": c("nvmlDeviceGetMinorNumber", h),
+            "persistence_mode": None if persistence is None else persistence == 1,
+        }
+
+    def _load(self, h: Any) -> dict[str, Any]:
+        """Temperatures, power (mW -> W), energy (mJ -> J), utilisation, memory."""
+        lib, c = self.lib, self.call
+        util = c("nvmlDeviceGetUtilizationRates", h)
+        mem = c("nvmlDeviceGetMemoryInfo", h)
+        power = c("nvmlDeviceGetPowerUsage", h)
+        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
+        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
+        return {
+            "temperature_c": c("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU),
+            "margin_temperature_c": c("nvmlDeviceGetMarginTemperature", h),
+            "power_w": None if power is None else power / 1000.0,
+            "power_limit_w": None if limit is None else limit / 1000.0,
+            "energy_j": None if energy is None else energy / 1000.0,
+            "utilization_gpu_pct": None if util is None else int(util.gpu),
+            "utilization_memory_pct": None if util is None else int(util.memory),
+            "memory_total_bytes": None if mem is None else int(mem.total),
+            "memory_used_bytes": None if mem is None else int(mem.used),
+        }
+
+    def _links_and_clocks(self, h: Any) -> dict[str, Any]:
+        """Clocks and their event reasons; PCIe generation, width and replays."""
+        lib, c = self.lib, self.call
+        return {
+            "sm_clock_mhz": c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": c("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_SM),
+            "mem_clock_mhz": c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_MEM),
+            "clock_event_reasons": self._clock_reasons(h),
+            "pcie_gen": c("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            "pcie_gen_max": c("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            "pcie_width": c("nvmlDeviceGetCurrPcieLinkWidth", h),
+            "pcie_width_max": c("nvmlDeviceGetMaxPcieLinkWidth", h),
+            "pcie_replay_errors": c("nvmlDeviceGetPcieReplayCounter", h),
+        }
+
+    def _memory_errors(self, h: Any) -> dict[str, Any]:
+        """ECC mode and counts; remapped rows, or retired pages on GPUs without remapping."""
+        lib, c = self.lib, self.call
+        ecc = c("nvmlDeviceGetEccMode", h)
+        rows = c("nvmlDeviceGetRemappedRows", h)
+        retired = None if rows is not None else c("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        unc, cor = lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        volatile, aggregate = lib.NVML_VOLATILE_ECC, lib.NVML_AGGREGATE_ECC
+        return {
+            "ecc_enabled": None if ecc is None else ecc[0] == lib.NVML_FEATURE_ENABLED,
+            "ecc_volatile_uncorrectable": c("nvmlDeviceGetTotalEccErrors", h, unc, volatile),
+            "ecc_volatile_correctable": c("nvmlDeviceGetTotalEccErrors", h, cor, volatile),
+            "ecc_aggregate_uncorrectable": c("nvmlDeviceGetTotalEccErrors", h, unc, aggregate),
+            "remapped_rows_correctable": None if rows is None else int(rows[0]),
+            "remapped_rows_uncorrectable": None if rows is None else int(rows[1]),
+            "remap_pending": None if rows is None else bool(rows[2]),
+            "remap_failure": None if rows is None else bool(rows[3]),
+            "retired_pages_pending": None if retired is None else bool(retired),
+        }
 
     def _clock_reasons(self, h: Any) -> int | None:
         if hasattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons"):

@@ -101,6 +101,19 @@ def _preset(preset: str, node: str, index: int) -> dict[str, Any]:
         "not_supported": [],
         "energy_j": 1.5e6 + index * 1000.0,
     }
+    model, remote, version = _model(preset, index)
+    base |= model
+    for link, rem in enumerate(remote):
+        p = f"nvlink.{link}."
+        base |= {p + "state": "active", p + "remote_pci_bus_id": rem, p + "version": version}
+        base |= {p + counter: 0 for counter in ("replay", "recovery", "crc_flit", "crc_data")}
+    return base
+
+
+def _model(preset: str, index: int) -> tuple[dict[str, Any], list[str], int]:
+    """What a GPU model changes in the healthy idle GPU: its fields, the PCI bus id at the far
+    end of each NVLink, and the NVLink version."""
+    base: dict[str, Any] = {}
     if preset == "h100-sxm":
         base |= {
             "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "power_usage_w": 71.0,
@@ -128,11 +141,7 @@ def _preset(preset: str, node: str, index: int) -> dict[str, Any]:
         version = 2
     else:
         raise KeyError(preset)
-    for link, rem in enumerate(remote):
-        p = f"nvlink.{link}."
-        base |= {p + "state": "active", p + "remote_pci_bus_id": rem, p + "version": version}
-        base |= {p + counter: 0 for counter in ("replay", "recovery", "crc_flit", "crc_data")}
-    return base
+    return base, remote, version
 
 
 PRESETS = ("h100-sxm", "a100-sxm4", "v100-sxm2")
