@@ -12,11 +12,10 @@ import pynvml
 import pytest
 
 from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.checks.nvlink import counters_of
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.sim import SimHandle, SimulatedNvml
 from slurmhealth.model import GpuStatus, NodeSnapshot, Severity
-from tests.unit.sim_backend import FakeClock, SimBackends
+from tests.unit.sim_backend import FakeClock, SimBackends, findings_since
 
 H100_FIELD_VALUES_ONLY = '[all_gpus]\nnot_supported = ["nvlink_counter_api"]\n'
 GROWING = (
@@ -97,8 +96,7 @@ def test_growing_counters_fail_through_field_values(make: Backends) -> None:
     first = backend.snapshot()
     clock.at(190)
     second = backend.snapshot()
-    prev = {"ts": first.ts, "gpus": counters_of(first)}
-    findings = run_checks(CheckContext(snapshot=second, previous_counters=prev))
+    findings = findings_since(first, second)
     assert {(f.check, f.severity, f.gpu, f.evidence["link"]) for f in findings} == {
         ("nvlink_errors", Severity.FAIL, 2, 4),
         ("nvlink_errors", Severity.FAIL, 2, 15),  # link 15: only the link-scoped id has it

@@ -9,13 +9,10 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pynvml
 import pytest
 
-from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.checks.nvlink import counters_of
 from slurmhealth.errors import ScenarioError
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.recording import FORMAT, Encoder, RecordingNvml, timings, write_recording
@@ -23,7 +20,7 @@ from slurmhealth.gpu.replay import ReplayNvml, decode, load_recording
 from slurmhealth.gpu.scenario import load_scenario
 from slurmhealth.gpu.sim import SimulatedNvml
 from slurmhealth.model import GpuStatus, NodeSnapshot, Severity
-from tests.unit.sim_backend import EPOCH, NODE, FakeClock
+from tests.unit.sim_backend import EPOCH, NODE, FakeClock, findings_since
 
 FAULTY = """
 [gpu.1.nvlink.3]
@@ -72,11 +69,6 @@ def run(
     return first, second
 
 
-def findings(first: NodeSnapshot, second: NodeSnapshot) -> list[Any]:
-    prev = {"ts": first.ts, "gpus": counters_of(first)}
-    return run_checks(CheckContext(snapshot=second, previous_counters=prev))
-
-
 def same(snap: NodeSnapshot) -> NodeSnapshot:
     return dataclasses.replace(snap, duration_s=0.0)
 
@@ -104,8 +96,8 @@ def test_replay_gives_the_recorded_snapshots_and_findings(tmp_path: Path) -> Non
     backend.close()
     assert [same(s) for s in again] == [same(s) for s in live]
     assert lib.missed == []
-    got = {(f.check, f.severity, f.gpu) for f in findings(*again)}
-    assert got == {(f.check, f.severity, f.gpu) for f in findings(*live)}
+    got = {(f.check, f.severity, f.gpu) for f in findings_since(*again)}
+    assert got == {(f.check, f.severity, f.gpu) for f in findings_since(*live)}
     assert {
         ("nvlink_inactive", Severity.FAIL, 1),
         ("nvlink_errors", Severity.FAIL, 2),
