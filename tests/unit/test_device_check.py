@@ -11,6 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from slurmhealth.config import load_config
+from slurmhealth.hooks.check import run_check
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "device-check"
 FAULTY = """
@@ -37,7 +42,9 @@ READ_ONLY = re.compile(
 )
 
 
-def device_check(tmp_path: Path, scenario: Path, out: Path) -> subprocess.CompletedProcess[str]:
+def device_check(
+    tmp_path: Path, scenario: Path, out: Path, backend: str = "sim"
+) -> subprocess.CompletedProcess[str]:
     config = tmp_path / "config.toml"
     # the run's two snapshots are 0.5 s apart: judge rates over that (for rate checks that
     # want a minimum window of evidence; thresholds a check does not know are unused)
@@ -45,7 +52,7 @@ def device_check(tmp_path: Path, scenario: Path, out: Path) -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMHEALTH_")}
     env |= {
         "SLURMHEALTH_CONFIG": str(config),
-        "SLURMHEALTH_GPU_BACKEND": "sim",
+        "SLURMHEALTH_GPU_BACKEND": backend,
         "SLURMHEALTH_SIM_SCENARIO": str(scenario),
         "SLURMHEALTH_SIM_KERNEL_LOG": str(tmp_path / "kmsg"),
         "SLURMHEALTH_NODE_NAME": "gpu-node-01",
@@ -111,3 +118,34 @@ def test_device_check_refuses_an_unwritable_recording_before_it_runs(tmp_path: P
     assert result.returncode == 2
     assert "missing" in result.stderr and result.stderr.count("\n") == 1
     assert result.stdout == ""  # refused before any NVML call
+
+
+def test_device_check_on_the_real_pynvml_without_a_driver_says_so(tmp_path: Path) -> None:
+    """This machine has no NVIDIA driver: the real backend's failure is one line with the
+    adapter's hint (on a GPU node the same script reads the GPUs)."""
+    result = device_check(tmp_path, tmp_path / "unused.toml", tmp_path / "out.json", "nvml")
+    if result.returncode != 2:
+        pytest.skip("an NVIDIA driver is present: device-check ran on real GPUs")
+    assert result.stderr.count("\n") == 1 and "NVML did not start" in result.stderr
+    assert "driver" in result.stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_a_replay_scenario_drives_slurmhealth_check(tmp_path: Path) -> None:
+    live_scenario = tmp_path / "faults.toml"
+    live_scenario.write_text(FAULTY)
+    assert device_check(tmp_path, live_scenario, tmp_path / "live.json").returncode == 1
+    replay_scenario = tmp_path / "replay.toml"
+    replay_scenario.write_text('name = "r"\ndescription = "x"\nreplay = "live.json"\n')
+    flags = {
+        "gpu.backend": "sim",
+        "gpu.sim_scenario": str(replay_scenario),
+        "gpu.sim_kernel_log": str(tmp_path / "replay.kmsg"),
+        "paths.db": str(tmp_path / "history.db"),
+        "node.name": "gpu-node-01",
+    }
+    (tmp_path / "empty.toml").write_text("")
+    result = run_check(load_config(str(tmp_path / "empty.toml"), env={}, flags=flags))
+    got = {(f.check, f.gpu) for f in result.findings}
+    assert {("nvlink_inactive", 1), ("gpu_lost", 6)} <= got, got
+    assert result.snapshot.ts == recorded(tmp_path / "live.json")["clock"][0]
