@@ -2,11 +2,12 @@
 
 A scenario file with ``replay = "recording.json"`` (a path relative to the scenario file)
 selects it. ``ReplayNvml`` has exactly the ``nvml*`` functions the recorded library had, and
-answers every call from the recorded calls with the same function and arguments, in the
-recorded order (the last answer repeats once they are used up): a value, an NVML error by its
-code, a structure filled in by reference, or a hang until shutdown. A call the recording does
-not hold answers NotSupported and is listed in :attr:`ReplayNvml.missed`. Snapshot times come
-from the recorded clock, so rates between two snapshots replay exactly.
+answers every call from the recorded calls with the same function and arguments (an event
+wait's timeout aside), in the recorded order: a value, an NVML error by its code, a structure
+filled in by reference, or a hang until shutdown. Once they are used up the last answer
+repeats, except that an event wait then times out (an event is delivered once). A call the
+recording does not hold answers NotSupported and is listed in :attr:`ReplayNvml.missed`.
+Snapshot times come from the recorded clock, so rates between two snapshots replay exactly.
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ def _fill(obj: Any, encoded: Mapping[str, Any]) -> None:
                     target[i] = item
 
 
+# arguments that do not choose the answer: how long an event wait may take
+_UNMATCHED = {"nvmlEventSetWait": (1,), "nvmlEventSetWait_v2": (1,)}
+_TIMED_OUT = {"error": pynvml.NVML_ERROR_TIMEOUT}  # an event is delivered once, never again
+
+
 def _key(fn: str, args: list[Any]) -> str:
-    return json.dumps([fn, args], sort_keys=True)
+    """What a call is matched by: the function and its arguments (a wait's timeout aside)."""
+    skip = _UNMATCHED.get(fn, ())
+    return json.dumps([fn, [None if n in skip else a for n, a in enumerate(args)]], sort_keys=True)
 
 
 class ReplayNvml:
@@ -116,6 +124,8 @@ class ReplayNvml:
                     raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
                 n = self._served.get(key, 0)
                 self._served[key] = n + 1
+            if n >= len(calls) and name in _UNMATCHED:
+                calls = [_TIMED_OUT]
             if name == "nvmlInit":
                 self._release.clear()
             elif name == "nvmlShutdown":

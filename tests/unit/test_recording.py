@@ -112,7 +112,8 @@ def test_replayed_xid_and_times_are_the_recorded_ones(tmp_path: Path) -> None:
     _, path = record(tmp_path, FAULTY)
     backend, _ = replay(path)
     first = backend.snapshot()
-    (xid,) = backend.wait_xid(0.2)
+    (xid,) = backend.wait_xid(0.7)  # another timeout than recorded: the recorded answer
+    assert backend.wait_xid(0.3) == []  # the recorded timeout, at once
     second = backend.snapshot()
     backend.close()
     assert (xid.xid, xid.pci_bus_id) == (79, "0000:18:00.0")
