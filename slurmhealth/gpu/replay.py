@@ -65,14 +65,14 @@ def _fill(obj: Any, encoded: Mapping[str, Any]) -> None:
                     target[i] = item
 
 
-# arguments that do not choose the answer: how long an event wait may take
-_UNMATCHED = {"nvmlEventSetWait": (1,), "nvmlEventSetWait_v2": (1,)}
+# event waits: their timeout (argument 1) does not choose the answer
+_EVENT_WAITS = {"nvmlEventSetWait": (1,), "nvmlEventSetWait_v2": (1,)}
 _TIMED_OUT = {"error": pynvml.NVML_ERROR_TIMEOUT}  # an event is delivered once, never again
 
 
 def _key(fn: str, args: list[Any]) -> str:
     """What a call is matched by: the function and its arguments (a wait's timeout aside)."""
-    skip = _UNMATCHED.get(fn, ())
+    skip = _EVENT_WAITS.get(fn, ())
     return json.dumps([fn, [None if n in skip else a for n, a in enumerate(args)]], sort_keys=True)
 
 
@@ -124,7 +124,7 @@ class ReplayNvml:
                     raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
                 n = self._served.get(key, 0)
                 self._served[key] = n + 1
-            if n >= len(calls) and name in _UNMATCHED:
+            if n >= len(calls) and name in _EVENT_WAITS:
                 calls = [_TIMED_OUT]
             if name == "nvmlInit":
                 self._release.clear()
