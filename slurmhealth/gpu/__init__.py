@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmhealth.errors import GpuBackendError, UsageError
 
@@ -29,26 +30,39 @@ def open_backend(cfg: Config) -> GpuBackend:
     """The backend the config asks for. Scenario and library errors are raised here."""
     from slurmhealth.gpu.nvml import NvmlBackend
 
-    node = cfg.node_name
-    if cfg.gpu.backend == "sim":
-        from slurmhealth.gpu.scenario import load_scenario
-        from slurmhealth.gpu.sim import SimulatedNvml
+    lib, clock = open_library(cfg)
+    return NvmlBackend(lib, node=cfg.node_name, timeout_s=cfg.gpu.snapshot_timeout_s, clock=clock)
 
-        if not cfg.gpu.sim_scenario:
-            raise UsageError(
-                "gpu.backend is 'sim' but no scenario is set "
-                "(SLURMHEALTH_SIM_SCENARIO or gpu.sim_scenario)"
-            )
-        scenario = load_scenario(cfg.gpu.sim_scenario)
-        lib = SimulatedNvml(
-            scenario,
-            node,
-            epoch=cfg.gpu.sim_epoch,
-            kernel_log_path=cfg.expand(cfg.gpu.sim_kernel_log) if cfg.gpu.sim_kernel_log else "",
+
+def open_library(cfg: Config) -> tuple[Any, Callable[[], float]]:
+    """The NVML library the config asks for (``pynvml``, the simulator on a scenario, or the
+    replay of the recording a scenario names) and the wall clock to read it by."""
+    if cfg.gpu.backend != "sim":
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise GpuBackendError(
+                f"cannot import pynvml: {exc}", "pip install nvidia-ml-py"
+            ) from None
+        return pynvml, time.time
+    from slurmhealth.gpu.scenario import load_scenario
+    from slurmhealth.gpu.sim import SimulatedNvml, default_kernel_log
+
+    if not cfg.gpu.sim_scenario:
+        raise UsageError(
+            "gpu.backend is 'sim' but no scenario is set "
+            "(SLURMHEALTH_SIM_SCENARIO or gpu.sim_scenario)"
         )
-        return NvmlBackend(lib, node=node, timeout_s=cfg.gpu.snapshot_timeout_s)
-    try:
-        import pynvml
-    except ImportError as exc:
-        raise GpuBackendError(f"cannot import pynvml: {exc}", "pip install nvidia-ml-py") from None
-    return NvmlBackend(pynvml, node=node, timeout_s=cfg.gpu.snapshot_timeout_s)
+    node = cfg.node_name
+    scenario = load_scenario(cfg.gpu.sim_scenario)
+    kernel_log = cfg.expand(cfg.gpu.sim_kernel_log) if cfg.gpu.sim_kernel_log else ""
+    if scenario.replay:
+        from slurmhealth.gpu.replay import ReplayNvml, load_recording
+
+        replay = ReplayNvml(
+            load_recording(scenario.replay),
+            kernel_log_path=kernel_log or default_kernel_log(scenario.name, node),
+        )
+        return replay, replay.clock
+    lib = SimulatedNvml(scenario, node, epoch=cfg.gpu.sim_epoch, kernel_log_path=kernel_log)
+    return lib, time.time

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from slurmhealth.errors import GpuBackendError
+from slurmhealth.gpu.nvlink_counters import LINK_COUNTERS, read_link_errors
 from slurmhealth.model import (
     GpuProcess,
     GpuState,
@@ -63,28 +64,38 @@ class _Reader:
         self.index = index
         self.current = "nvmlDeviceGetHandleByIndex"
         self.result: GpuState | None = None
-        self._unknown = {getattr(lib, name) for name in _UNKNOWN_CODES if hasattr(lib, name)} or {3}
+        self.unknown = {getattr(lib, name) for name in _UNKNOWN_CODES if hasattr(lib, name)} or {3}
         self._lost = getattr(lib, "NVML_ERROR_GPU_IS_LOST", 15)
         self._reset = getattr(lib, "NVML_ERROR_RESET_REQUIRED", 16)
         self.errors: list[str] = []
 
     def call(self, name: str, *args: Any) -> Any:
         """Call ``lib.<name>``; unknown -> None; lost/reset -> :class:`_GpuGone`."""
+        return self.attempt(name, *args)[0]
+
+    def attempt(self, name: str, *args: Any) -> tuple[Any, int | None]:
+        """``(answer, None)``, or ``(None, error code)`` once :meth:`judge` has judged it."""
         self.current = name
         fn = getattr(self.lib, name, None)
         if fn is None:  # an older pynvml without this function: unknown
-            return None
+            return None, getattr(self.lib, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         try:
-            return fn(*args)
+            return fn(*args), None
         except self.lib.NVMLError as exc:
             code = getattr(exc, "value", None)
-            if code == self._lost:
-                raise _GpuGone(GpuStatus.LOST, f"{name}: GPU is lost") from None
-            if code == self._reset:
-                raise _GpuGone(GpuStatus.RESET_REQUIRED, f"{name}: GPU requires reset") from None
-            if code not in self._unknown:
-                self.errors.append(f"{name}: {exc}")
-            return None
+            self.judge(name, code, str(exc))
+            return None, code
+
+    def judge(self, name: str, code: int | None, text: str) -> None:
+        """Give an NVML error code its meaning: unknown is silent, lost/reset end the read of
+        this GPU, anything else is noted on the GPU. Also used for the per-field return codes
+        of ``nvmlDeviceGetFieldValues``."""
+        if code == self._lost:
+            raise _GpuGone(GpuStatus.LOST, f"{name}: GPU is lost")
+        if code == self._reset:
+            raise _GpuGone(GpuStatus.RESET_REQUIRED, f"{name}: GPU requires reset")
+        if code not in self.unknown:
+            self.errors.append(f"{name}: {text}")
 
     def run(self) -> None:
         try:
@@ -97,75 +108,92 @@ class _Reader:
             )
 
     def _read(self) -> GpuState:
-        lib, c = self.lib, self.call
-        h = c("nvmlDeviceGetHandleByIndex", self.index)
+        h = self.call("nvmlDeviceGetHandleByIndex", self.index)
         if h is None:
             return GpuState(self.index, GpuStatus.ERROR, error="; ".join(self.errors) or None)
-        pci = c("nvmlDeviceGetPciInfo", h)
-        util = c("nvmlDeviceGetUtilizationRates", h)
-        mem = c("nvmlDeviceGetMemoryInfo", h)
-        power = c("nvmlDeviceGetPowerUsage", h)
-        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
-        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
-        ecc = c("nvmlDeviceGetEccMode", h)
-        rows = c("nvmlDeviceGetRemappedRows", h)
-        procs = c("nvmlDeviceGetComputeRunningProcesses", h)
-        unc = lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        persistence = c("nvmlDeviceGetPersistenceMode", h)
-        fabric = self._fabric(h)
-        retired = None if rows is not None else c("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        fields = self._identity(h) | self._load(h) | self._links_and_clocks(h)
+        fields |= self._memory_errors(h)
+        fabric_state, fabric_status = self._fabric(h)
+        procs = self.call("nvmlDeviceGetComputeRunningProcesses", h)
         return GpuState(
             index=self.index,
-            uuid=_opt_text(c("nvmlDeviceGetUUID", h)),
-            name=_opt_text(c("nvmlDeviceGetName", h)),
-            pci_bus_id=None if pci is None else _text(pci.busId),
-            serial=_opt_text(c("nvmlDeviceGetSerial", h)),
-            minor_number=c("nvmlDeviceGetMinorNumber", h),
-            persistence_mode=None if persistence is None else persistence == 1,
-            temperature_c=c("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU),
-            margin_temperature_c=c("nvmlDeviceGetMarginTemperature", h),
-            power_w=None if power is None else power / 1000.0,
-            power_limit_w=None if limit is None else limit / 1000.0,
-            energy_j=None if energy is None else energy / 1000.0,
-            utilization_gpu_pct=None if util is None else int(util.gpu),
-            utilization_memory_pct=None if util is None else int(util.memory),
-            memory_total_bytes=None if mem is None else int(mem.total),
-            memory_used_bytes=None if mem is None else int(mem.used),
-            sm_clock_mhz=c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM),
-            sm_clock_max_mhz=c("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_SM),
-            mem_clock_mhz=c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_MEM),
-            clock_event_reasons=self._clock_reasons(h),
-            pcie_gen=c("nvmlDeviceGetCurrPcieLinkGeneration", h),
-            pcie_gen_max=c("nvmlDeviceGetMaxPcieLinkGeneration", h),
-            pcie_width=c("nvmlDeviceGetCurrPcieLinkWidth", h),
-            pcie_width_max=c("nvmlDeviceGetMaxPcieLinkWidth", h),
-            pcie_replay_errors=c("nvmlDeviceGetPcieReplayCounter", h),
-            ecc_enabled=None if ecc is None else ecc[0] == lib.NVML_FEATURE_ENABLED,
-            ecc_volatile_uncorrectable=c(
-                "nvmlDeviceGetTotalEccErrors", h, unc, lib.NVML_VOLATILE_ECC
-            ),
-            ecc_volatile_correctable=c(
-                "nvmlDeviceGetTotalEccErrors",
-                h,
-                lib.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                lib.NVML_VOLATILE_ECC,
-            ),
-            ecc_aggregate_uncorrectable=c(
-                "nvmlDeviceGetTotalEccErrors", h, unc, lib.NVML_AGGREGATE_ECC
-            ),
-            remapped_rows_correctable=None if rows is None else int(rows[0]),
-            remapped_rows_uncorrectable=None if rows is None else int(rows[1]),
-            remap_pending=None if rows is None else bool(rows[2]),
-            remap_failure=None if rows is None else bool(rows[3]),
-            retired_pages_pending=None if retired is None else bool(retired),
+            **fields,
             nvlinks=self._nvlinks(h),
-            fabric_state=fabric[0],
-            fabric_status=fabric[1],
+            fabric_state=fabric_state,
+            fabric_status=fabric_status,
             processes=None
             if procs is None
             else tuple(GpuProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in procs),
             error="; ".join(self.errors) or None,
         )
+
+    def _identity(self, h: Any) -> dict[str, Any]:
+        c = self.call
+        pci = c("nvmlDeviceGetPciInfo", h)
+        persistence = c("nvmlDeviceGetPersistenceMode", h)
+        return {
+            "uuid": _opt_text(c("nvmlDeviceGetUUID", h)),
+            "name": _opt_text(c("nvmlDeviceGetName", h)),
+            "pci_bus_id": None if pci is None else _text(pci.busId),
+            "serial": _opt_text(c("nvmlDeviceGetSerial", h)),
+            "minor_number": c("nvmlDeviceGetMinorNumber", h),
+            "persistence_mode": None if persistence is None else persistence == 1,
+        }
+
+    def _load(self, h: Any) -> dict[str, Any]:
+        """Temperatures, power (mW -> W), energy (mJ -> J), utilisation, memory."""
+        lib, c = self.lib, self.call
+        util = c("nvmlDeviceGetUtilizationRates", h)
+        mem = c("nvmlDeviceGetMemoryInfo", h)
+        power = c("nvmlDeviceGetPowerUsage", h)
+        limit = c("nvmlDeviceGetEnforcedPowerLimit", h)
+        energy = c("nvmlDeviceGetTotalEnergyConsumption", h)
+        return {
+            "temperature_c": c("nvmlDeviceGetTemperature", h, lib.NVML_TEMPERATURE_GPU),
+            "margin_temperature_c": c("nvmlDeviceGetMarginTemperature", h),
+            "power_w": None if power is None else power / 1000.0,
+            "power_limit_w": None if limit is None else limit / 1000.0,
+            "energy_j": None if energy is None else energy / 1000.0,
+            "utilization_gpu_pct": None if util is None else int(util.gpu),
+            "utilization_memory_pct": None if util is None else int(util.memory),
+            "memory_total_bytes": None if mem is None else int(mem.total),
+            "memory_used_bytes": None if mem is None else int(mem.used),
+        }
+
+    def _links_and_clocks(self, h: Any) -> dict[str, Any]:
+        """Clocks and their event reasons; PCIe generation, width and replays."""
+        lib, c = self.lib, self.call
+        return {
+            "sm_clock_mhz": c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_SM),
+            "sm_clock_max_mhz": c("nvmlDeviceGetMaxClockInfo", h, lib.NVML_CLOCK_SM),
+            "mem_clock_mhz": c("nvmlDeviceGetClockInfo", h, lib.NVML_CLOCK_MEM),
+            "clock_event_reasons": self._clock_reasons(h),
+            "pcie_gen": c("nvmlDeviceGetCurrPcieLinkGeneration", h),
+            "pcie_gen_max": c("nvmlDeviceGetMaxPcieLinkGeneration", h),
+            "pcie_width": c("nvmlDeviceGetCurrPcieLinkWidth", h),
+            "pcie_width_max": c("nvmlDeviceGetMaxPcieLinkWidth", h),
+            "pcie_replay_errors": c("nvmlDeviceGetPcieReplayCounter", h),
+        }
+
+    def _memory_errors(self, h: Any) -> dict[str, Any]:
+        """ECC mode and counts; remapped rows, or retired pages on GPUs without remapping."""
+        lib, c = self.lib, self.call
+        ecc = c("nvmlDeviceGetEccMode", h)
+        rows = c("nvmlDeviceGetRemappedRows", h)
+        retired = None if rows is not None else c("nvmlDeviceGetRetiredPagesPendingStatus", h)
+        unc, cor = lib.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, lib.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        volatile, aggregate = lib.NVML_VOLATILE_ECC, lib.NVML_AGGREGATE_ECC
+        return {
+            "ecc_enabled": None if ecc is None else ecc[0] == lib.NVML_FEATURE_ENABLED,
+            "ecc_volatile_uncorrectable": c("nvmlDeviceGetTotalEccErrors", h, unc, volatile),
+            "ecc_volatile_correctable": c("nvmlDeviceGetTotalEccErrors", h, cor, volatile),
+            "ecc_aggregate_uncorrectable": c("nvmlDeviceGetTotalEccErrors", h, unc, aggregate),
+            "remapped_rows_correctable": None if rows is None else int(rows[0]),
+            "remapped_rows_uncorrectable": None if rows is None else int(rows[1]),
+            "remap_pending": None if rows is None else bool(rows[2]),
+            "remap_failure": None if rows is None else bool(rows[3]),
+            "retired_pages_pending": None if retired is None else bool(retired),
+        }
 
     def _clock_reasons(self, h: Any) -> int | None:
         if hasattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons"):
@@ -175,12 +203,15 @@ class _Reader:
         return None if value is None else int(value)
 
     def _nvlinks(self, h: Any) -> tuple[NvLink, ...] | None:
-        lib, c = self.lib, self.call
-        links = []
-        for link in range(int(getattr(lib, "NVML_NVLINK_MAX_LINKS", 18))):
+        c = self.call
+        states = {}
+        for link in range(int(getattr(self.lib, "NVML_NVLINK_MAX_LINKS", 18))):
             state = c("nvmlDeviceGetNvLinkState", h, link)
-            if state is None:
-                continue  # the device has no such link
+            if state is not None:  # None: the device has no such link
+                states[link] = state
+        errors = read_link_errors(self, h, list(states))
+        links = []
+        for link, state in states.items():
             remote = c("nvmlDeviceGetNvLinkRemotePciInfo", h, link)
             links.append(
                 NvLink(
@@ -188,27 +219,7 @@ class _Reader:
                     active=state == 1,
                     remote_pci_bus_id=None if remote is None else _text(remote.busId),
                     version=c("nvmlDeviceGetNvLinkVersion", h, link),
-                    replay_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter", h, link, lib.NVML_NVLINK_ERROR_DL_REPLAY
-                    ),
-                    recovery_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter",
-                        h,
-                        link,
-                        lib.NVML_NVLINK_ERROR_DL_RECOVERY,
-                    ),
-                    crc_flit_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter",
-                        h,
-                        link,
-                        lib.NVML_NVLINK_ERROR_DL_CRC_FLIT,
-                    ),
-                    crc_data_errors=c(
-                        "nvmlDeviceGetNvLinkErrorCounter",
-                        h,
-                        link,
-                        lib.NVML_NVLINK_ERROR_DL_CRC_DATA,
-                    ),
+                    **{name: errors.get((link, name)) for name in LINK_COUNTERS},
                 )
             )
         return tuple(links) if links else None
@@ -248,6 +259,7 @@ class NvmlBackend:
         self._clock = clock
         self._started = False
         self._event_set: Any = None
+        self._event_lock = threading.Lock()  # a wait and the free never overlap
 
     @property
     def kernel_log_hint(self) -> str | None:
@@ -268,10 +280,26 @@ class NvmlBackend:
         self._started = True
 
     def close(self) -> None:
+        """Free the Xid event set (if one was made) and shut NVML down."""
         if self._started:
             self._started = False
+            self._free_event_set()
             with contextlib.suppress(self.lib.NVMLError):
                 self.lib.nvmlShutdown()
+
+    def _free_event_set(self) -> None:
+        if self._event_set is None:
+            return
+        # a wait_xid in another thread is given its timeout to end; a set still waited on
+        # after that is left to nvmlShutdown rather than freed under the waiting call
+        if not self._event_lock.acquire(timeout=self.timeout_s):
+            return
+        try:
+            event_set, self._event_set = self._event_set, None
+            with contextlib.suppress(self.lib.NVMLError):
+                self.lib.nvmlEventSetFree(event_set)
+        finally:
+            self._event_lock.release()
 
     def devices(self) -> list[int]:
         """Indices of the GPUs the driver enumerates (``nvidia-smi -L``)."""
@@ -323,24 +351,29 @@ class NvmlBackend:
         except (self.lib.NVMLError, AttributeError):
             return None
 
+    def _register_xid_events(self) -> Any:
+        """An event set with every GPU that can report Xids registered (freed by close)."""
+        lib = self.lib
+        event_set = lib.nvmlEventSetCreate()
+        for i in range(int(lib.nvmlDeviceGetCount())):
+            try:
+                h = lib.nvmlDeviceGetHandleByIndex(i)
+                lib.nvmlDeviceRegisterEvents(h, lib.nvmlEventTypeXidCriticalError, event_set)
+            except lib.NVMLError:
+                continue
+        return event_set
+
     def wait_xid(self, timeout_s: float) -> list[XidEvent]:
         """Xids delivered by NVML's event API within ``timeout_s`` (empty on timeout)."""
         self._start()
         lib = self.lib
-        if self._event_set is None:
-            self._event_set = lib.nvmlEventSetCreate()
-            for i in range(int(lib.nvmlDeviceGetCount())):
-                try:
-                    h = lib.nvmlDeviceGetHandleByIndex(i)
-                    lib.nvmlDeviceRegisterEvents(
-                        h, lib.nvmlEventTypeXidCriticalError, self._event_set
-                    )
-                except lib.NVMLError:
-                    continue
-        try:
-            data = lib.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
-        except lib.NVMLError:
-            return []
+        with self._event_lock:
+            if self._event_set is None:
+                self._event_set = self._register_xid_events()
+            try:
+                data = lib.nvmlEventSetWait_v2(self._event_set, int(timeout_s * 1000))
+            except lib.NVMLError:
+                return []
         try:
             bus = normalize_pci_bus_id(_text(lib.nvmlDeviceGetPciInfo(data.device).busId))
         except (lib.NVMLError, ValueError):

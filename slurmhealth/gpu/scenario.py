@@ -23,7 +23,7 @@ SUPPORT_GROUPS = (
     "serial", "minor_number", "persistence_mode", "temperature", "margin_temperature",
     "power", "power_limit", "energy", "utilization", "memory", "clocks", "clock_event_reasons",
     "pcie", "pcie_replay", "ecc", "row_remap", "retired_pages", "nvlink", "nvlink_errors",
-    "fabric", "processes",
+    "nvlink_counter_api", "fabric", "processes",
 )  # fmt: skip
 
 GPU_FIELDS: dict[str, type] = {
@@ -47,7 +47,7 @@ NVLINK_FIELDS: dict[str, type] = {
     "replay": int, "recovery": int, "crc_flit": int, "crc_data": int,
 }  # fmt: skip
 NODE_KEYS = {"preset", "gpus", "driver_version", "nvml_version", "all_gpus", "gpu", "faults"}
-TOP_KEYS = NODE_KEYS | {"name", "description", "expect", "nodes"}
+TOP_KEYS = NODE_KEYS | {"name", "description", "expect", "nodes", "replay"}
 
 _H100_BUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
 _SWITCH_OF_LINK = [0] * 5 + [1] * 4 + [2] * 4 + [3] * 5  # DGX H100: 4 NVSwitches, 5/4/4/5
@@ -93,6 +93,19 @@ def _preset(preset: str, node: str, index: int) -> dict[str, Any]:
         "not_supported": [],
         "energy_j": 1.5e6 + index * 1000.0,
     }
+    model, remote, version = _model(preset, index)
+    base |= model
+    for link, rem in enumerate(remote):
+        p = f"nvlink.{link}."
+        base |= {p + "state": "active", p + "remote_pci_bus_id": rem, p + "version": version}
+        base |= {p + counter: 0 for counter in ("replay", "recovery", "crc_flit", "crc_data")}
+    return base
+
+
+def _model(preset: str, index: int) -> tuple[dict[str, Any], list[str], int]:
+    """What a GPU model changes in the healthy idle GPU: its fields, the PCI bus id at the far
+    end of each NVLink, and the NVLink version."""
+    base: dict[str, Any] = {}
     if preset == "h100-sxm":
         base |= {
             "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "power_usage_w": 71.0,
@@ -120,11 +133,7 @@ def _preset(preset: str, node: str, index: int) -> dict[str, Any]:
         version = 2
     else:
         raise KeyError(preset)
-    for link, rem in enumerate(remote):
-        p = f"nvlink.{link}."
-        base |= {p + "state": "active", p + "remote_pci_bus_id": rem, p + "version": version}
-        base |= {p + counter: 0 for counter in ("replay", "recovery", "crc_flit", "crc_data")}
-    return base
+    return base, remote, version
 
 
 PRESETS = ("h100-sxm", "a100-sxm4", "v100-sxm2")
@@ -159,6 +168,7 @@ class Scenario:
     description: str
     data: Mapping[str, Any]
     expect: Mapping[str, Any]
+    replay: str | None = None  # a recording of real NVML answers (gpu/replay.py) to replay
 
     def for_node(self, node: str) -> NodeScenario:
         return _build_node(self.path, self.data, node)
@@ -349,11 +359,13 @@ def load_scenario(path: str) -> Scenario:
     for key in data:
         if key not in TOP_KEYS:
             raise ScenarioError(path, key, f"unknown key (known: {', '.join(sorted(TOP_KEYS))})")
-    nodes = data.get("nodes", {})
-    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
-        raise ScenarioError(path, "nodes", "expected tables [nodes.NAME]")
-    for name in [*nodes, "__default__"]:  # validate every node now, not at first use
-        _build_node(path, data, name)
+    replay = None
+    if "replay" in data:
+        from slurmhealth.gpu.replay import replay_path
+
+        replay = replay_path(path, data)
+    else:
+        _check_nodes(path, data)
     expect = data.get("expect", {})
     if not isinstance(expect, dict):
         raise ScenarioError(path, "expect", "expected a table")
@@ -363,4 +375,14 @@ def load_scenario(path: str) -> Scenario:
         description=str(data.get("description", "")),
         data=data,
         expect=expect,
+        replay=replay,
     )
+
+
+def _check_nodes(path: str, data: Mapping[str, Any]) -> None:
+    """Build every node of the scenario now, so an error shows at load, not at first use."""
+    nodes = data.get("nodes", {})
+    if not isinstance(nodes, dict) or not all(isinstance(v, dict) for v in nodes.values()):
+        raise ScenarioError(path, "nodes", "expected tables [nodes.NAME]")
+    for name in [*nodes, "__default__"]:
+        _build_node(path, data, name)

@@ -21,6 +21,7 @@ from typing import Any
 import pynvml
 
 from slurmhealth.gpu.scenario import CLOCK_REASONS, FABRIC_STATES, NodeScenario, Scenario
+from slurmhealth.gpu.sim_device import DeviceQueries, SimHandle
 
 _CONSTANTS = (
     "NVMLError", "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM",
@@ -34,7 +35,8 @@ _CONSTANTS = (
     "NVML_ERROR_INVALID_ARGUMENT", "NVML_ERROR_TIMEOUT", "NVML_ERROR_UNINITIALIZED",
     "NVML_ERROR_DRIVER_NOT_LOADED", "NVML_ERROR_LIBRARY_NOT_FOUND", "NVML_ERROR_NO_PERMISSION",
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_FOUND",
-    "NVML_SUCCESS",
+    "NVML_SUCCESS", "NVML_ERROR_UNKNOWN", "c_nvmlFieldValue_t",
+    *(name for name in dir(pynvml) if name.startswith(("NVML_FI_DEV_NVLINK_", "NVML_VALUE_TYPE_"))),
 )  # fmt: skip
 
 _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
@@ -45,20 +47,13 @@ _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
 }
 
 
-@dataclass(frozen=True)
-class SimHandle:
-    index: int
-
-
-@dataclass(frozen=True)
-class _PciInfo:
-    busId: bytes
-
-
-@dataclass(frozen=True)
-class _Process:
-    pid: int
-    usedGpuMemory: int | None
+def default_kernel_log(scenario_name: str, node: str) -> str:
+    """Where a simulated node's kernel log goes unless ``gpu.sim_kernel_log`` says."""
+    return os.path.join(
+        os.environ.get("TMPDIR", "/tmp"),
+        f"slurmhealth-sim-{os.getuid()}",
+        f"{scenario_name}-{node}.kmsg",
+    )
 
 
 @dataclass(frozen=True)
@@ -70,7 +65,15 @@ class _EventData:
     computeInstanceId: int = 0xFFFFFFFF
 
 
-class SimulatedNvml:
+class _EventSet:
+    """What ``nvmlEventSetCreate`` returns: the GPUs registered, and whether it was freed."""
+
+    def __init__(self) -> None:
+        self.handles: list[SimHandle] = []
+        self.freed = False
+
+
+class SimulatedNvml(DeviceQueries):
     """Stand-in for the ``pynvml`` module, for one node of a scenario."""
 
     def __init__(
@@ -87,16 +90,13 @@ class SimulatedNvml:
         self.scenario = scenario
         self.node: NodeScenario = scenario.for_node(node)
         self._clock = clock
-        self.kernel_log_path = kernel_log_path or os.path.join(
-            os.environ.get("TMPDIR", "/tmp"),
-            f"slurmhealth-sim-{os.getuid()}",
-            f"{scenario.name}-{node}.kmsg",
-        )
+        self.kernel_log_path = kernel_log_path or default_kernel_log(scenario.name, node)
         self.epoch = epoch or self._first_use()
         self._release = threading.Event()  # wakes calls hung by a fault when closing
         self._initialized = False
         self._delivered: set[tuple[int, int]] = set()  # (fault, GPU) Xids already delivered
         self.calls = 0
+        self.event_sets: list[_EventSet] = []
 
     def _first_use(self) -> float:
         """The scenario clock starts when this version of the scenario file is first used on
@@ -193,62 +193,7 @@ class SimulatedNvml:
         self._device(handle)
         return handle
 
-    # -- identity ------------------------------------------------------------------
-    def nvmlDeviceGetUUID(self, h: SimHandle) -> str:
-        return str(self.field(self._device(h), "uuid"))
-
-    def nvmlDeviceGetName(self, h: SimHandle) -> str:
-        return str(self.field(self._device(h), "name"))
-
-    def nvmlDeviceGetSerial(self, h: SimHandle) -> str:
-        return str(self.field(self._device(h, "serial"), "serial"))
-
-    def nvmlDeviceGetPciInfo(self, h: SimHandle) -> _PciInfo:
-        return _PciInfo(str(self.field(self._device(h), "pci_bus_id")).encode())
-
-    def nvmlDeviceGetMinorNumber(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "minor_number"), "minor_number"))
-
-    def nvmlDeviceGetPersistenceMode(self, h: SimHandle) -> int:
-        return int(bool(self.field(self._device(h, "persistence_mode"), "persistence_mode")))
-
-    # -- thermals, power, utilisation, memory, clocks --------------------------------
-    def nvmlDeviceGetTemperature(self, h: SimHandle, sensor: int) -> int:
-        return int(self.field(self._device(h, "temperature"), "temperature"))
-
-    def nvmlDeviceGetMarginTemperature(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "margin_temperature"), "margin_temperature"))
-
-    def nvmlDeviceGetPowerUsage(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "power"), "power_usage_w") * 1000)
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "power_limit"), "power_limit_w") * 1000)
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "energy"), "energy_j") * 1000)
-
-    def nvmlDeviceGetUtilizationRates(self, h: SimHandle) -> Any:
-        i = self._device(h, "utilization")
-        return pynvml.c_nvmlUtilization_t(
-            gpu=int(self.field(i, "utilization_gpu")),
-            memory=int(self.field(i, "utilization_memory")),
-        )
-
-    def nvmlDeviceGetMemoryInfo(self, h: SimHandle) -> Any:
-        i = self._device(h, "memory")
-        total = int(self.field(i, "memory_total_mib")) << 20
-        used = int(self.field(i, "memory_used_mib")) << 20
-        return pynvml.c_nvmlMemory_t(total=total, free=total - used, used=used)
-
-    def nvmlDeviceGetClockInfo(self, h: SimHandle, kind: int) -> int:
-        i = self._device(h, "clocks")
-        return int(self.field(i, "sm_clock" if kind == pynvml.NVML_CLOCK_SM else "mem_clock"))
-
-    def nvmlDeviceGetMaxClockInfo(self, h: SimHandle, kind: int) -> int:
-        i = self._device(h, "clocks")
-        return int(self.field(i, "sm_clock_max" if kind == pynvml.NVML_CLOCK_SM else "mem_clock"))
-
+    # -- clocks events and fabric (the tables live in gpu/scenario.py) -------------
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: SimHandle) -> int:
         i = self._device(h, "clock_event_reasons")
         mask = 0
@@ -256,79 +201,6 @@ class SimulatedNvml:
             mask |= CLOCK_REASONS[reason]
         return mask
 
-    # -- PCIe ------------------------------------------------------------------------
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "pcie"), "pcie_gen"))
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "pcie"), "pcie_gen_max"))
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "pcie"), "pcie_width"))
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "pcie"), "pcie_width_max"))
-
-    def nvmlDeviceGetPcieReplayCounter(self, h: SimHandle) -> int:
-        return int(self.field(self._device(h, "pcie_replay"), "pcie_replay"))
-
-    # -- memory errors ---------------------------------------------------------------
-    def nvmlDeviceGetEccMode(self, h: SimHandle) -> list[int]:
-        on = int(bool(self.field(self._device(h, "ecc"), "ecc_enabled")))
-        return [on, on]
-
-    def nvmlDeviceGetTotalEccErrors(self, h: SimHandle, kind: int, counter: int) -> int:
-        i = self._device(h, "ecc")
-        if kind == pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
-            name = "volatile" if counter == pynvml.NVML_VOLATILE_ECC else "aggregate"
-            return int(self.field(i, f"ecc_{name}_uncorrectable"))
-        if counter == pynvml.NVML_VOLATILE_ECC:
-            return int(self.field(i, "ecc_volatile_correctable"))
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-
-    def nvmlDeviceGetRemappedRows(self, h: SimHandle) -> tuple[int, int, int, int]:
-        i = self._device(h, "row_remap")
-        return (
-            int(self.field(i, "remapped_rows_correctable")),
-            int(self.field(i, "remapped_rows_uncorrectable")),
-            int(bool(self.field(i, "remap_pending"))),
-            int(bool(self.field(i, "remap_failure"))),
-        )
-
-    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: SimHandle) -> int:
-        return int(bool(self.field(self._device(h, "retired_pages"), "retired_pages_pending")))
-
-    # -- NVLink ----------------------------------------------------------------------
-    def _link(self, h: SimHandle, link: int, group: str = "nvlink") -> int:
-        i = self._device(h, group)
-        if not 0 <= link < int(self.field(i, "nvlink_count")):
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return i
-
-    def nvmlDeviceGetNvLinkState(self, h: SimHandle, link: int) -> int:
-        i = self._link(h, link)
-        return int(self.field(i, f"nvlink.{link}.state") == "active")
-
-    def nvmlDeviceGetNvLinkVersion(self, h: SimHandle, link: int) -> int:
-        return int(self.field(self._link(h, link), f"nvlink.{link}.version"))
-
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, h: SimHandle, link: int) -> _PciInfo:
-        i = self._link(h, link)
-        return _PciInfo(str(self.field(i, f"nvlink.{link}.remote_pci_bus_id")).encode())
-
-    def nvmlDeviceGetNvLinkErrorCounter(self, h: SimHandle, link: int, counter: int) -> int:
-        i = self._link(h, link, "nvlink_errors")
-        name = {
-            pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay",
-            pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
-            pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit",
-            pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data",
-        }.get(counter)
-        if name is None:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return int(self.field(i, f"nvlink.{link}.{name}"))
-
-    # -- fabric, processes -----------------------------------------------------------
     def nvmlDeviceGetGpuFabricInfo(self, h: SimHandle, ref: Any) -> int:
         i = self._device(h, "fabric")
         state = self.field(i, "fabric_state")
@@ -339,33 +211,39 @@ class SimulatedNvml:
         info.status = _ERRORS.get(self.field(i, "fabric_status"), pynvml.NVML_ERROR_UNKNOWN)
         return int(pynvml.NVML_SUCCESS)
 
-    def nvmlDeviceGetComputeRunningProcesses(self, h: SimHandle) -> list[_Process]:
-        i = self._device(h, "processes")
-        return [
-            _Process(int(p.get("pid", 0)), int(p["used_mib"]) << 20 if "used_mib" in p else None)
-            for p in self.field(i, "processes")
-        ]
-
     # -- events (Xid) ----------------------------------------------------------------
-    def nvmlEventSetCreate(self) -> list[SimHandle]:
+    def nvmlEventSetCreate(self) -> _EventSet:
         self._require_init()
-        return []
+        event_set = _EventSet()
+        self.event_sets.append(event_set)
+        return event_set
 
-    def nvmlDeviceRegisterEvents(self, h: SimHandle, types: int, event_set: list[Any]) -> None:
+    def _live(self, event_set: _EventSet) -> _EventSet:
+        if event_set.freed:  # a use after nvmlEventSetFree: a crash on a real driver
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return event_set
+
+    def nvmlDeviceRegisterEvents(self, h: SimHandle, types: int, event_set: _EventSet) -> None:
         self._device(h)
-        event_set.append(h)
+        self._live(event_set).handles.append(h)
 
-    def nvmlEventSetFree(self, event_set: list[Any]) -> None:
-        event_set.clear()
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        self._live(event_set).freed = True
 
-    def nvmlEventSetWait_v2(self, event_set: list[SimHandle], timeout_ms: int) -> _EventData:
+    @property
+    def open_event_sets(self) -> int:
+        """Event sets created and not freed (each one a leak on a real driver)."""
+        return sum(not s.freed for s in self.event_sets)
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> _EventData:
         self._require_init()
+        handles = self._live(event_set).handles
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             for n, fault in enumerate(self.node.faults):
                 if fault.xid is None or self.now() < fault.at:
                     continue
-                for h in event_set:
+                for h in handles:
                     if (n, h.index) in self._delivered:
                         continue
                     if fault.gpus is None or h.index in fault.gpus:

@@ -7,6 +7,7 @@ code against pynvml's return shapes and exception classes.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,59 +20,21 @@ from slurmhealth.checks import CheckContext, run_checks
 from slurmhealth.checks.counters import load, remember, window_of
 from slurmhealth.errors import GpuBackendError
 from slurmhealth.gpu.nvml import NvmlBackend
-from slurmhealth.gpu.scenario import SUPPORT_GROUPS, load_scenario
+from slurmhealth.gpu.scenario import SUPPORT_GROUPS
 from slurmhealth.gpu.sim import SimHandle, SimulatedNvml
 from slurmhealth.kernel_log import parse_line, parse_xid
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, Severity
+from tests.unit.sim_backend import EPOCH, NODE, FakeClock, SimBackends
 
-NODE = "gpu-node-01"
-EPOCH = 1_700_000_000.0
 H100 = "NVIDIA H100 80GB HBM3"
-
-
-class FakeClock:
-    """Wall clock under test control; starts ``t`` seconds into the scenario."""
-
-    def __init__(self, t: float = 10.0) -> None:
-        self.now = EPOCH + t
-
-    def __call__(self) -> float:
-        return self.now
-
-    def at(self, t: float) -> None:
-        self.now = EPOCH + t
 
 
 @pytest.fixture
 def make(tmp_path: Path) -> Iterator[Callable[..., NvmlBackend]]:
     """Build a backend from scenario text; every backend is closed (hung calls released)."""
-    made: list[NvmlBackend] = []
-
-    def build(
-        text: str = "",
-        *,
-        lib_class: type[SimulatedNvml] = SimulatedNvml,
-        clock: Callable[[], float] | None = None,
-        timeout_s: float = 5.0,
-        node: str = NODE,
-    ) -> NvmlBackend:
-        path = tmp_path / f"scenario{len(made)}.toml"
-        path.write_text(text)
-        clk = clock or FakeClock()
-        lib = lib_class(
-            load_scenario(str(path)),
-            node,
-            epoch=EPOCH,
-            kernel_log_path=str(tmp_path / f"kmsg{len(made)}"),
-            clock=clk,
-        )
-        backend = NvmlBackend(lib, node=node, timeout_s=timeout_s, clock=clk)
-        made.append(backend)
-        return backend
-
-    yield build
-    for backend in made:
-        backend.close()
+    backends = SimBackends(tmp_path)
+    yield backends
+    backends.close_all()
 
 
 def findings_of(snapshot: NodeSnapshot, **kw: Any) -> list[Any]:
@@ -142,6 +105,7 @@ GROUP_FIELDS: dict[str, tuple[str, ...]] = {
         "nvlinks[].crc_flit_errors",
         "nvlinks[].crc_data_errors",
     ),
+    "nvlink_counter_api": (),  # the field-value API answers instead (test_nvlink_counters.py)
     "fabric": ("fabric_state", "fabric_status"),
     "processes": ("processes",),
 }
@@ -343,6 +307,58 @@ def test_wait_xid_times_out_empty(make: Callable[..., NvmlBackend]) -> None:
     t0 = time.monotonic()
     assert backend.wait_xid(0.2) == []
     assert 0.15 < time.monotonic() - t0 < 1.5
+
+
+def test_close_frees_the_xid_event_set(make: Callable[..., NvmlBackend]) -> None:
+    backend = make("[[faults]]\ngpu = 3\nat = 0\nxid = 79\n")
+    lib = backend.lib
+    assert len(backend.wait_xid(2.0)) == 1
+    assert backend.wait_xid(0.05) == []
+    assert (len(lib.event_sets), lib.open_event_sets) == (1, 1)  # one set, reused
+    backend.close()
+    assert lib.open_event_sets == 0
+    assert lib.event_sets[0].handles, "the GPUs were registered on the set that was freed"
+
+
+def test_close_without_waiting_makes_no_event_set(make: Callable[..., NvmlBackend]) -> None:
+    backend = make()
+    backend.snapshot()
+    backend.close()
+    assert backend.lib.event_sets == []
+
+
+class OrderedNvml(SimulatedNvml):
+    """Logs when an event wait ends and when its set is freed."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.log: list[str] = []
+
+    def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
+        try:
+            return super().nvmlEventSetWait_v2(event_set, timeout_ms)
+        finally:
+            self.log.append("wait ended")
+
+    def nvmlEventSetFree(self, event_set: Any) -> None:
+        self.log.append("free")
+        super().nvmlEventSetFree(event_set)
+
+
+def test_close_frees_the_set_only_after_a_wait_in_another_thread(
+    make: Callable[..., NvmlBackend],
+) -> None:
+    backend = make("[[faults]]\ngpu = 3\nat = 3600\nxid = 79\n", lib_class=OrderedNvml)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(backend.wait_xid(0.5)))
+    waiter.start()
+    while not backend.lib.event_sets:  # the waiter is about to wait on the set
+        time.sleep(0.01)
+    backend.close()
+    waiter.join(2.0)
+    assert got == [[]]
+    assert backend.lib.log == ["wait ended", "free"]  # never freed under the waiting call
+    assert backend.lib.open_event_sets == 0
 
 
 # -- NVML that does not start ------------------------------------------------------------
