@@ -116,14 +116,24 @@ def _exit(code: Any) -> tuple[int | None, int | None]:
     return (exit_, sig) if exit_ is not None and sig is not None else (None, None)
 
 
-def _xid_of(row: Mapping[str, Any]) -> int | None:
+def _evidence(row: Mapping[str, Any]) -> Mapping[str, Any]:
     ev = row.get("evidence")
-    return _int(ev.get("xid")) if type(ev) is dict or isinstance(ev, Mapping) else None
+    return ev if isinstance(ev, Mapping) else {}
+
+
+def _xid_of(row: Mapping[str, Any]) -> int | None:
+    return _int(_evidence(row).get("xid"))
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(as_text(text).split())[:MAX_TEXT]
 
 
 # -- one node as the matchers see it ------------------------------------------------------------
 
 _KEYS = {"event": ("kind", "kind"), "finding": ("check_name", "check")}  # column, placeholder
+# a finding's evidence -> placeholder: what a kernel-log finding says ({kind}, {bus}, ...)
+_EVIDENCE = (("kind", "kind"), ("level", "level"), ("pci_bus_id", "bus"), ("code", "code"))
 
 
 class Scope:
@@ -138,7 +148,8 @@ class Scope:
         for label, rows in (("event", node.events), ("finding", node.findings)):
             table = self.rows[label] = {}
             for row in rows or ():
-                if type(row) is dict or isinstance(row, Mapping):
+                # a fault logged before a rebuilt kernel-log position is not the job's
+                if isinstance(row, Mapping) and not _evidence(row).get("predates_position"):
                     table.setdefault(as_text(row.get(_KEYS[label][0])), []).append(row)
             for row in table.get("xid", ()):
                 if (code := _xid_of(row)) is not None:
@@ -151,14 +162,20 @@ class Scope:
         if key not in self._hits:
             column, name = _KEYS[label]
             what, xid, rid = as_text(row.get(column)), _xid_of(row), row.get("id")
+            ev = _evidence(row)
+            line = _one_line(ev.get("line"))  # the kernel line an Xid/kernel_log finding cites
+            values = ((name, what),) + ((("xid", str(xid)),) if xid is not None else ())
+            if label == "finding":
+                values += tuple((p, as_text(ev[k])) for k, p in _EVIDENCE if ev.get(k) is not None)
             self._hits[key] = Hit(
                 label,
-                f"{what}: {as_text(row.get('message'))}"[:MAX_TEXT],
+                f"{what}: {as_text(row.get('message'))}"[:MAX_TEXT]
+                + (f"; kernel: {line}" if line else ""),
                 self.name,
                 _int(row.get("gpu")),
                 _float(row.get("ts")),
                 None if rid is None else f"{label}s/{as_text(rid)}",
-                ((name, what),) + ((("xid", str(xid)),) if xid is not None else ()),
+                values,
                 level_of(row.get("severity")) or level_of(row.get("severity_value")),
             )
         return self._hits[key]
@@ -182,6 +199,14 @@ def _rows(label: str, key: str) -> Fn:
         return _severe(o, [s.hit(label, r) for n in o[key] for r in s.rows[label].get(n, ())])
 
     return run
+
+
+def _finding(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
+    rows = [r for n in o["check"] for r in s.rows["finding"].get(n, ())]
+    for key in ("kind", "level"):  # what a kernel-log finding's evidence says
+        if key in o:
+            rows = [r for r in rows if as_text(_evidence(r).get(key)) in o[key]]
+    return _severe(o, [s.hit("finding", r) for r in rows])
 
 
 def _xid(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
@@ -272,7 +297,7 @@ def _log(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
 
 MATCHERS: Mapping[str, Fn] = {
     "event": _rows("event", "kind"),
-    "finding": _rows("finding", "check"),
+    "finding": _finding,
     "xid": _xid,
     "gpu_stat": _gpu_stat,
     "task": _task,
