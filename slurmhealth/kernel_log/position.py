@@ -22,6 +22,7 @@ STATE_SUFFIX = ".kernel-position.json"
 _MAX_BYTES = 64 * 1024
 _MAX_INT = 2**63 - 1
 _MAX_STR = 4096
+REFRESH_S = 3600.0  # the state file is rewritten at least this often while the log moves
 
 # per source: field -> (kind, required); kinds: "str", "int" (>= -1), "uint" (>= 0)
 _FIELDS: dict[str, dict[str, tuple[str, bool]]] = {
@@ -114,13 +115,16 @@ def newest(a: dict[str, Any] | None, b: dict[str, Any] | None) -> dict[str, Any]
     return b if sb is not None and (sa is None or sb > sa) else a
 
 
-def same_place(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
-    """Whether two positions point at the same record (``saved`` aside)."""
-    if a is None or b is None:
-        return a is b
-    return {k: v for k, v in a.items() if k != "saved"} == {
-        k: v for k, v in b.items() if k != "saved"
-    }
+def still_good(kept: dict[str, Any] | None, new: dict[str, Any] | None, quiet: bool) -> bool:
+    """Whether the state file's ``kept`` position may stand in for ``new`` (so the file need
+    not be rewritten, an fsync saved on most runs): the same stream, at most ``REFRESH_S``
+    behind, and only ``quiet`` records (no fault lines) read since it."""
+    if kept is None or new is None or not quiet or "old_before" in new:
+        return False
+    pk, pn = _progress(kept), _progress(new)
+    if pk is None or pn is None or pk[0] != pn[0] or pk[1] > pn[1]:
+        return False
+    return float(new.get("saved") or 0.0) - float(kept.get("saved") or 0.0) < REFRESH_S
 
 
 def state_path(db_path: str) -> str | None:

@@ -20,7 +20,15 @@ from hypothesis import strategies as st
 from slurmhealth.config import Config, load_config
 from slurmhealth.hooks.check import CURSOR_KEY, CheckResult, run_check
 from slurmhealth.kernel_log import KernelLogReader, format_kmsg_record
-from slurmhealth.kernel_log.position import decode, load, newest, save, state_path
+from slurmhealth.kernel_log.position import (
+    REFRESH_S,
+    decode,
+    load,
+    newest,
+    save,
+    state_path,
+    still_good,
+)
 from slurmhealth.model import Action, Severity
 from tests.conftest import SCENARIOS, run_cli
 
@@ -143,6 +151,19 @@ def test_state_file_older_than_the_history(node: Node, tmp_path: Path) -> None:
     assert (after.exit_code, xids(after)) == (0, [])  # the history is further along
 
 
+def test_quiet_reads_leave_the_state_file_alone(node: Node) -> None:
+    node.check()
+    kept = node.state_file.read_bytes()
+    node.xid(ago_s=30, text="usb 1-1: new high-speed USB device number 2 using xhci_hcd")
+    assert node.check().findings == ()
+    assert node.state_file.read_bytes() == kept  # no fault read: no rewrite, no fsync
+    node.lose_history()
+    assert node.check().findings == ()  # read on from the file's position: nothing new
+    node.xid(ago_s=10)
+    assert node.check().exit_code == 1
+    assert node.state_file.read_bytes() != kept  # a fault read: the position is saved
+
+
 def _plant(node: Node, how: str, elsewhere: Path) -> None:
     """Replace the state file by one that must not be trusted."""
     good = node.state_file.read_bytes()
@@ -250,6 +271,15 @@ def test_newest_of_two_positions() -> None:
     assert newest(j1, j2) == j2 and newest(None, j1) == j1 and newest(None, None) is None
 
 
+def test_state_file_may_lag_only_over_quiet_records_of_the_same_stream() -> None:
+    later = {**KMSG, "seq": 99, "saved": 200.0}
+    assert still_good(KMSG, later, quiet=True)
+    assert not still_good(KMSG, later, quiet=False)  # a fault was read
+    assert not still_good(KMSG, {**later, "boot_id": "b2"}, quiet=True)  # rebooted
+    assert not still_good(KMSG, {**later, "saved": 100.0 + REFRESH_S}, quiet=True)  # too old
+    assert not still_good(later, KMSG, quiet=True) and not still_good(None, KMSG, quiet=True)
+
+
 def test_state_file_round_trip_is_private_and_atomic(tmp_path: Path) -> None:
     path = str(tmp_path / "history.db.kernel-position.json")
     assert load(path) == (None, None)  # missing: nothing to say
@@ -303,18 +333,31 @@ _NEAR = st.fixed_dictionaries(  # shaped like a position, any value in any field
 )
 
 
-@settings(
-    max_examples=500,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(st.lists(st.one_of(_JSON, _NEAR), min_size=20, max_size=20))
-def test_fuzz_decode_is_a_position_or_none(values: list[Any]) -> None:
-    """500 x 20 = 10,000 generated stored values: a position or unreadable, never an error."""
-    for value in values:
-        pos = decode(value)
+_ODD: list[Any] = [None, "", "12a", "NaN", -2, 2**70, 1.5, float("inf"), True, [], {}, "\0"]
+
+
+def _variants(value: Any) -> list[Any]:
+    """``value`` and, for a table, each field swapped for each odd value (and removed)."""
+    if not isinstance(value, dict):
+        return [value]
+    out = [value]
+    for key in [*value, "saved"]:
+        out += [{**value, key: odd} for odd in _ODD]
+        out.append({k: v for k, v in value.items() if k != key})
+    return out
+
+
+@settings(max_examples=1_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_NEAR, _JSON)
+def test_fuzz_decode_is_a_position_or_none(near: dict[str, Any], other: Any) -> None:
+    """1,000 examples, each a value shaped like a position with every field (at least
+    ``source`` and ``saved``) swapped for each of 12 odd values and removed, plus any JSON
+    value: at least 1,000 x (1 + 2 x 13 + 1) = 28,000 stored values. Each is a position or
+    unreadable, never an error."""
+    for v in [*_variants(near), other]:
+        pos = decode(v)
         assert pos is None or decode(pos) == pos
-        assert newest(pos, decode(value)) == pos
+        assert newest(pos, decode(v)) == pos
 
 
 @settings(max_examples=300, deadline=None)
