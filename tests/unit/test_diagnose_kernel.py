@@ -50,17 +50,9 @@ def epilog_findings(lines: list[str], node: str = "n1") -> tuple[dict[str, Any],
 
 
 def _row(i: int, node: str, f: Finding) -> dict[str, Any]:
-    row = {"id": i, "run_id": "r1", "ts": T0 + 5, "node": node, "job_id": "42"}
-    return row | {
-        "check_name": f.check,
-        "severity": f.severity.label,
-        "gpu": f.gpu,
-        "uuid": f.uuid,
-        "message": f.message,
-        "action": f.action.value,
-        "hint": f.hint,
-        "evidence": dict(f.evidence),
-    }
+    row = {"id": i, "run_id": "r1", "ts": T0 + 5, "node": node, "job_id": "42", **f.to_dict()}
+    row["check_name"] = row.pop("check")
+    return row
 
 
 def report(lines: list[str], **node_kw: Any) -> tuple[list[Diagnosis], Facts]:

@@ -23,7 +23,6 @@ from slurmhealth.gpu import GpuBackend
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.scenario import load_scenario
 from slurmhealth.gpu.sim import SimulatedNvml
-from slurmhealth.hooks.check import run_check
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.hooks.resume import resume
@@ -316,7 +315,7 @@ def _checked_before(tmp_path: Path) -> None:
     """A node slurmhealth checked before the fault: its kernel-log position is stored, so a
     fault logged after it is new (a node's very first run only records what the log holds)."""
     (tmp_path / "kmsg").touch()
-    assert run_check(_config(tmp_path, "healthy")).exit_code == 0
+    assert _hook(_config(tmp_path, "healthy"), tmp_path, RecordingSlurm(_cluster())).exit_code == 0
 
 
 def test_lost_gpu_drains_naming_the_gpu(tmp_path: Path) -> None:
