@@ -15,23 +15,8 @@ from html import escape
 from typing import Any
 
 from slurmhealth.diagnose.facts import Diagnosis, GpuStats, NodeFacts
+from slurmhealth.report import layout
 from slurmhealth.report.build import Report
-from slurmhealth.report.layout import (
-    PAST_COLUMNS,
-    STRAGGLER_COLUMNS,
-    TIMELINE_COLUMNS,
-    gpu_columns,
-    gpu_row,
-    header,
-    past_rows,
-    straggler_rows,
-    timeline_rows,
-    utc,
-    where,
-    worst_severity,
-    xid_text,
-    xids_by_gpu,
-)
 from slurmhealth.report.sources import NodeEvidence
 
 W, H, PAD_L, PAD_R, PAD_T, PAD_B = 560, 180, 48, 12, 12, 28
@@ -174,7 +159,7 @@ def plot(nf: NodeFacts, metric: str, mark: float | None = None) -> str:
     if mark is not None and all_ts and t0 <= mark <= t1:
         parts.append(
             f'<line class="failure" x1="{sc.x(mark):.1f}" x2="{sc.x(mark):.1f}" y1="{PAD_T}" '
-            f'y2="{PAD_T + PH}"><title>failure {utc(mark)}</title></line>'
+            f'y2="{PAD_T + PH}"><title>failure {layout.utc(mark)}</title></line>'
         )
     parts.append(f'<text x="{PAD_L + 4}" y="{PAD_T + 10}" class="plot-label">{label}</text>')
     parts.append(
@@ -184,7 +169,7 @@ def plot(nf: NodeFacts, metric: str, mark: float | None = None) -> str:
     )
     if all_ts:
         parts.append(
-            f'<text x="{W - PAD_R}" y="{H - 2}" text-anchor="end">UTC {utc(t0)[:10]}</text>'
+            f'<text x="{W - PAD_R}" y="{H - 2}" text-anchor="end">UTC {layout.utc(t0)[:10]}</text>'
         )
     return "".join([*parts, *_polylines(sc, pid, series), "</svg>"])
 
@@ -206,13 +191,13 @@ def _head(report: Report) -> list[str]:
         f"<title>slurmhealth report: job {escape(j.job_id)}</title>",
         f"<style>{CSS}</style></head><body>",
         f'<h1 id="job">slurmhealth report: job {escape(j.job_id)}</h1>',
-        _table(["field", "value"], header(report), "header"),
-        f'<p class="verdict sev-{worst_severity(report)}" id="verdict">'
+        _table(["field", "value"], layout.header(report), "header"),
+        f'<p class="verdict sev-{layout.worst_severity(report)}" id="verdict">'
         f"{escape(report.verdict)}</p>",
     ]
     if report.failure_ts is not None:
         out.append(
-            f"<p>Failure at {utc(report.failure_ts)}"
+            f"<p>Failure at {layout.utc(report.failure_ts)}"
             + (f" (timeline within &plusmn;{report.window_s:g} s)" if report.window_s else "")
             + "</p>"
         )
@@ -234,28 +219,28 @@ def _tables(report: Report) -> list[str]:
     out = [
         '<h2 id="timeline">Timeline (UTC)</h2>',
         _table(
-            TIMELINE_COLUMNS,
-            timeline_rows(report),
+            layout.TIMELINE_COLUMNS,
+            layout.timeline_rows(report),
             "timeline",
             [f"sev-{e.severity}" for e in report.timeline],
         ),
         '<h2 id="gpus">GPUs</h2>',
     ]
-    xids = xids_by_gpu(report)
+    xids = layout.xids_by_gpu(report)
     rows = [
-        (nf.node, g.gpu, *gpu_row(g).values(), xid_text(xids, nf.node, g.gpu))
+        (nf.node, g.gpu, *layout.gpu_row(g).values(), layout.xid_text(xids, nf.node, g.gpu))
         for nf in report.nodes
         for g in nf.gpus
     ]
-    out.append(_table(["node", "GPU", *gpu_columns(), "Xids"], rows, "gpus"))
+    out.append(_table(["node", "GPU", *layout.gpu_columns(), "Xids"], rows, "gpus"))
     if report.stragglers:
         out.append('<h2 id="stragglers">Stragglers</h2>')
-        out.append(_table(STRAGGLER_COLUMNS, straggler_rows(report)))
+        out.append(_table(layout.STRAGGLER_COLUMNS, layout.straggler_rows(report)))
     return out
 
 
 def _diagnosis(d: Diagnosis) -> str:
-    at = where(d)
+    at = layout.where(d)
     cites = "".join(
         f"<li>{escape(c.kind)}: {escape(c.text)}"
         + (f" <code>{escape(c.ref)}</code>" if c.ref else "")
@@ -289,9 +274,9 @@ def _tail(report: Report) -> list[str]:
     out.append('<h2 id="evidence">Evidence</h2><ul class="evidence">')
     out += [*map(_evidence, report.evidence), "</ul>"]
     out.append('<h2 id="past-incidents">Past incidents (same node+GPU or Xid)</h2>')
-    out.append(_table(PAST_COLUMNS, past_rows(report), "incidents"))
+    out.append(_table(layout.PAST_COLUMNS, layout.past_rows(report), "incidents"))
     out.append(
-        f"<p><small>generated {utc(report.generated_ts)} by slurmhealth; sources: "
+        f"<p><small>generated {layout.utc(report.generated_ts)} by slurmhealth; sources: "
         + escape(", ".join(f"{n} {s} {p}" for n, s, p in report.sources))
         + "</small></p></body></html>"
     )
