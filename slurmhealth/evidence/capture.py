@@ -272,8 +272,7 @@ def _entries(tasks: list[_Task], now: float) -> tuple[list[dict[str, Any]], dict
         elapsed = (now - task.started) if running and task.started else (task.elapsed or 0.0)
         for name, sink in sorted(task.outputs.items()):
             if running:
-                sink.timed_out = sink.truncated = True
-                sink.fail("did not finish within the capture budget")
+                sink.time_out("did not finish within the capture budget")
             data = sink.close()
             blobs[name] = data
             entries.append({
