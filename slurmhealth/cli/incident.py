@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from slurmhealth import render
+from slurmhealth.cli import render
+from slurmhealth.cli.options import Ctx, json_option, pass_ctx
 
 
 def _job_context(cfg: Any, job_id: str) -> dict[str, set[Any]]:
@@ -59,8 +60,10 @@ def incident() -> None:
 @click.option("--fix", default="", help="What fixed it.")
 @click.option("--prevention", default="", help="What keeps it from coming back.")
 @click.option("--tag", "tags", multiple=True, help="Free-form tag (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print the incident as JSON.")
+@json_option
+@pass_ctx
 def add(
+    ctx: Ctx,
     job_id: str,
     symptom: str,
     root_cause: str,
@@ -75,7 +78,7 @@ def add(
 
     from slurmhealth.report import incidents
 
-    cfg = click.get_current_context().obj.config()
+    cfg = ctx.config()
     inc = incidents.add(
         cfg,
         job_id,
@@ -96,15 +99,16 @@ def add(
 
 @incident.command("search")
 @click.argument("words", nargs=-1, required=True)
-@click.option("--limit", default=20, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def search(words: tuple[str, ...], limit: int, as_json: bool) -> None:
+@click.option("--limit", default=20, show_default=True, help="At most this many incidents.")
+@json_option
+@pass_ctx
+def search(ctx: Ctx, words: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Find past incidents containing WORDS (symptom, cause, fix, Xids, nodes, checks)."""
     from dataclasses import asdict
 
     from slurmhealth.report import incidents
 
-    cfg = click.get_current_context().obj.config()
+    cfg = ctx.config()
     hits = incidents.search(cfg, " ".join(words), limit=limit)
     if as_json:
         render.print_json([{"score": s, **asdict(i)} for s, i in hits])
