@@ -73,7 +73,7 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
     from slurmhealth.history import History
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
-    with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
+    with History.for_node(cfg, node) as history:
         return resume(cfg, slurm, history, node, reason, force=force)
 
 
