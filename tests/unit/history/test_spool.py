@@ -135,3 +135,31 @@ def test_leftover_ingesting_file_of_dead_process_is_picked_up(tmp_path: Path) ->
     assert history.write(run_batch("r3", 3.0))
     assert sorted(r["run_id"] for r in runs(history)) == ["r1", "r3"]
     assert sorted(p.name for p in tmp_path.iterdir() if "ingesting" in p.name) == [alive.name]
+
+
+def test_the_spool_stops_at_its_bound_and_counts_what_it_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
+    History(db).write(run_batch("r0", 0.5))
+    line = len(run_batch("r1", 1.0).to_json()) + 1
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        history = History(db, busy_timeout_ms=20, spool_max_bytes=3 * line + 10)
+        with caplog.at_level(logging.ERROR, logger="slurmhealth.history"):
+            results = [history.write(run_batch(f"r{i}", float(i))) for i in range(1, 6)]
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert results == [False] * 5
+    assert spooled_run_ids(spool) == ["r1", "r2", "r3"]  # r4, r5: over the bound
+    dropped = [r.getMessage() for r in caplog.records]
+    assert len(dropped) == 2 and all("batch dropped" in m and str(spool) in m for m in dropped)
+    with History(db) as history:
+        assert history.write(run_batch("r6", 6.0))
+        assert history.kv_get("spool_dropped_total") == 2
+    assert sorted(r for (r,) in query(db, "SELECT run_id FROM check_runs")) == [
+        "r0", "r1", "r2", "r3", "r6"]  # fmt: skip
+    assert query(db, "SELECT kind FROM events") == [("spool_dropped",)]
+    assert not spool.exists() and not Path(f"{spool}.dropped").exists()
