@@ -232,6 +232,7 @@ class Sidecar:
             self.cleanup()
             server.shutdown()
             server.server_close()
+            backend.close()
             raise
         log.info("job %s: sidecar on port %s for GPUs %s", self.labels.job_id, self.port, self.gpus)
         detectors = Detectors(self.cfg.sidecar, self.gpus)
