@@ -124,7 +124,7 @@ class Spool:
         for name in sorted(names):
             for kind in (".ingesting.", ".buffer."):
                 pid = name[len(base + kind):] if name.startswith(base + kind) else ""  # fmt: skip
-                if pid.isdigit() and not _pid_alive(int(pid)):
+                if pid.isdigit() and len(pid) < 10 and not _pid_alive(int(pid)):
                     out.append(os.path.join(self.folder, name))
         return out
 
