@@ -45,14 +45,14 @@ def history(
 ) -> None:
     """Show recorded check runs and their findings, newest first."""
     from slurmhealth.cli import render
-    from slurmhealth.history import History
+    from slurmhealth.history.read import Reader
     from slurmhealth.history.read import runs as history_runs
 
     cfg = ctx.config()
     start = parse_since(since, time.time())
     runs = []
     for path in _history_paths(cfg, node):
-        with History(path) as db:
+        with Reader(path) as db:  # a reader never creates nor fixes files
             runs += history_runs(db, node=node, job=job, since=start, limit=limit)
     runs = sorted(runs, key=lambda r: r["ts"], reverse=True)[:limit]
     if as_json:
@@ -88,13 +88,12 @@ def history(
 def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
     """Drains, suppressed drains and resumes recorded by slurmhealth, newest first."""
     from slurmhealth.cli import render
-    from slurmhealth.history import History
-    from slurmhealth.history.read import drain_rows
+    from slurmhealth.history.read import Reader, drain_rows
 
     cfg = ctx.config()
     rows = []
     for path in _history_paths(cfg, node):
-        with History(path) as db:
+        with Reader(path) as db:  # a reader never creates nor fixes files
             rows += drain_rows(db, node=node, limit=limit)
     rows = sorted(rows, key=lambda r: r["ts"], reverse=True)[:limit]
     if as_json:

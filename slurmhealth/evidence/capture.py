@@ -394,5 +394,5 @@ def _record(
         ]
     )
     wait_ms = int(max(0.2, end - time.monotonic()) * 1000)
-    with History(cfg.db_path(node), cfg.spool_path(node) or None, busy_timeout_ms=wait_ms) as h:
+    with History.for_node(cfg, node, wait_ms) as h:
         return h.write(batch)

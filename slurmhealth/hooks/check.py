@@ -125,7 +125,7 @@ def run_check(
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
 
-    history = History(cfg.db_path(), spool_path=cfg.spool_path() or None)
+    history = History.for_node(cfg)
     try:
         backend = open_backend(cfg)
         try:
