@@ -89,7 +89,7 @@ def capture_cmd(
     as_json: bool,
 ) -> None:
     """Capture JOB_ID's evidence bundle on this node now (job details from the history)."""
-    from slurmhealth.evidence import capture
+    from slurmhealth.evidence.capture import capture
 
     cfg = ctx.config()
     node = node or cfg.node_name

@@ -231,7 +231,8 @@ def _evidence(
 ) -> None:
     """The epilog keeps the proof: a full bundle when the job failed or anything was
     noticed, and always the node's summary.json for `slurmhealth report`. Never fails."""
-    from slurmhealth.evidence import capture, write_summary
+    from slurmhealth.evidence.capture import capture
+    from slurmhealth.evidence.summary import write_summary
 
     bundle_dir = None
     try:

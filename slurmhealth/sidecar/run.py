@@ -328,7 +328,7 @@ class Sidecar:
         def run() -> None:
             import pwd
 
-            from slurmhealth.evidence import capture
+            from slurmhealth.evidence.capture import capture
             from slurmhealth.procs import job_pids
 
             try:

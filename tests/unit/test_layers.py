@@ -1,0 +1,176 @@
+"""The layer map of docs/architecture.md, enforced: every ``slurmhealth`` import (module level
+or inside a function) goes to the same layer or one below, and no two units import each other.
+
+The map lives in docs/architecture.md as a table; this test parses that table, so the doc and
+the test cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "slurmhealth"
+DOC = ROOT / "docs" / "architecture.md"
+LAYERS = ("entry", "orchestration", "domain", "adapters", "model", "client")
+# "client" (the training-side library) stands apart: it imports nothing of slurmhealth and
+# nothing of slurmhealth imports it except the entry layer (for `--help` of its env names).
+
+
+def layer_map() -> dict[str, str]:
+    """``{module prefix: layer}`` from the doc's table rows ``| layer | `a`, `b` | ... |``."""
+    out: dict[str, str] = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 2 or cells[0] not in LAYERS:
+            continue
+        for name in re.findall(r"`(slurmhealth[\w.]*)`", cells[1]):
+            out[name] = cells[0]
+    return out
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _type_only(tree: ast.Module) -> set[int]:
+    """Ids of the import nodes inside ``if TYPE_CHECKING:`` blocks."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def imports_of(name: str, path: Path, *, runtime_only: bool = False) -> Iterator[tuple[str, int]]:
+    """Every ``slurmhealth`` module this module imports, with the line: ``from x import y``
+    counts as ``x.y`` when ``x.y`` is a module, else ``x``. ``runtime_only`` leaves out
+    imports made only for the type checker."""
+    known = modules()
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_only(tree) if runtime_only else set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "slurmhealth":
+                    yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base.split(".")[0] != "slurmhealth":
+                continue
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield (sub if sub in known else base), node.lineno
+
+
+def layer_of(name: str, table: dict[str, str]) -> str | None:
+    best = max((p for p in table if name == p or name.startswith(p + ".")), key=len, default="")
+    return table.get(best)
+
+
+def unit_of(name: str) -> str:
+    """The unit cycles are judged between: a first-level subpackage or top-level module."""
+    return ".".join(name.split(".")[:2])
+
+
+def violations(table: dict[str, str]) -> list[str]:
+    rank = {layer: i for i, layer in enumerate(LAYERS[:-1])}
+    out = []
+    for name, path in modules().items():
+        mine = layer_of(name, table)
+        for target, line in imports_of(name, path):
+            theirs = layer_of(target, table)
+            where = f"{path.relative_to(ROOT)}:{line}: {name} ({mine}) imports {target} ({theirs})"
+            if mine == "client" or theirs == "client":
+                if mine != "entry" and mine != theirs:
+                    out.append(where + ": the client is standard library only")
+            elif mine is None or theirs is None:
+                continue  # reported by test_every_module_has_a_layer
+            elif rank[theirs] < rank[mine]:
+                out.append(where + ": imports upwards")
+    return out
+
+
+def cycles() -> list[list[str]]:
+    """Runtime import cycles between units (a type-only import creates no dependency at run
+    time; it still has to respect the layers)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules().items():
+        src = unit_of(name)
+        for target, _ in imports_of(name, path, runtime_only=True):
+            dst = unit_of(target)
+            if dst != src and dst != "slurmhealth":
+                graph.setdefault(src, set()).add(dst)
+    found: list[list[str]] = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return found
+
+
+def test_the_doc_has_a_map() -> None:
+    table = layer_map()
+    assert set(table.values()) == set(LAYERS), table
+
+
+def test_every_module_has_a_layer() -> None:
+    table = layer_map()
+    missing = [n for n in modules() if n != "slurmhealth" and layer_of(n, table) is None]
+    assert not missing, f"modules missing from docs/architecture.md: {missing}"
+
+
+def test_no_import_against_the_map() -> None:
+    bad = violations(layer_map())
+    assert not bad, "\n".join(bad)
+
+
+def test_no_cycles_between_units() -> None:
+    assert not cycles()
+
+
+def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checker itself: a model module that imports the CLI is reported."""
+    fake = tmp_path / "slurmhealth"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    (fake / "model.py").write_text("def f():\n    from slurmhealth.cli import main\n")
+    (fake / "cli.py").write_text("from slurmhealth import model\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", fake)
+    table = {"slurmhealth.cli": "entry", "slurmhealth.model": "model"}
+    assert any("imports upwards" in v for v in violations(table))
+    assert cycles() == [["slurmhealth.cli", "slurmhealth.model", "slurmhealth.cli"]]
