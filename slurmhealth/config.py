@@ -18,6 +18,7 @@ from typing import Any, get_type_hints
 from slurmhealth.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/slurmhealth/config.toml"
+PROLOG_WRAPPER_TIMEOUT_S = 8.0  # prolog/slurmhealth-prolog's default SLURMHEALTH_PROLOG_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,7 @@ class PolicyConfig:
 class SlurmConfig:
     backend: str = "cli"  # cli (scontrol/squeue/sinfo) | pyslurm | auto
     command_timeout_s: float = 5.0  # each scontrol/squeue/sinfo call
+    prolog_budget_s: float = 5.0  # prolog decides+drains+records in this; < wrapper's 8 s
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,21 @@ def load_config(
         if raw is not None:
             _set_dotted(values, sources, dotted, raw, f"flag {dotted}", False)
     sections = {name: _SECTIONS[name](**kw) for name, kw in values.items()}
+    _check_prolog_budget(sections["slurm"].prolog_budget_s, env, sources)
     return Config(**sections, sources=sources)
+
+
+def _check_prolog_budget(budget: float, env: Mapping[str, str], sources: dict[str, str]) -> None:
+    """The prolog's own budget must end before the wrapper kills it (prolog/ wrapper)."""
+    try:
+        wrapper = float(env.get("SLURMHEALTH_PROLOG_TIMEOUT") or PROLOG_WRAPPER_TIMEOUT_S)
+    except ValueError:
+        wrapper = PROLOG_WRAPPER_TIMEOUT_S
+    if not 0 < budget < wrapper:
+        where = sources.get("slurm.prolog_budget_s", "default")
+        raise ConfigError(where, "slurm.prolog_budget_s",
+                          f"must be > 0 and < the prolog wrapper's timeout ({wrapper:g} s), "
+                          f"got {budget:g}")  # fmt: skip
 
 
 def effective_items(cfg: Config) -> list[tuple[str, Any, str]]:
