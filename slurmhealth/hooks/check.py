@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -166,15 +167,15 @@ def take_snapshot(
 
 
 def read_kernel_log(
-    cfg: Config, backend: GpuBackend, stored: dict[str, Any], budget_s: float | None = None
+    cfg: Config, hint: str | None, stored: dict[str, Any], budget_s: float | None = None
 ) -> tuple[ReadResult, str]:
     """New kernel-log lines since the stored cursor (within ``budget_s``, default the
-    configured one), and the source read."""
+    configured one), and the source read; ``hint``: the GPU backend's own log, if any."""
     from slurmhealth.kernel_log import KernelLogReader
 
     source = cfg.kernel_log.source
     if source == "auto":
-        source = backend.kernel_log_hint or "kmsg"
+        source = hint or "kmsg"
     reader = KernelLogReader(
         source,
         lookback_s=cfg.kernel_log.lookback_s,
@@ -259,7 +260,7 @@ def check_node(
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     stored, notes = read_state(history)
     snapshot = take_snapshot(backend, gpus, stored)
-    log_read = read_kernel_log(cfg, backend, stored)
+    log_read = read_kernel_log(cfg, backend.kernel_log_hint, stored)
     judged = judge(
         cfg, snapshot, log_read, stored, notes, phase=phase, gpus=gpus, job_id=job_id,
         duration_s=time.monotonic() - t0,
@@ -332,32 +333,56 @@ def check_within(
     never drains because it ran out of time itself)."""
     from slurmhealth.checks import validate_settings
 
-    t0 = budget.clock()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     budget.enter("history read")
     bound_db_wait(history, budget.bound(STATE_WAIT_S, DECISION_RESERVE_S))
     stored, notes = read_state(history)
     budget.enter("gpu snapshot")
     budget.require(DECISION_RESERVE_S)
-    timeout = budget.bound(cfg.gpu.snapshot_timeout_s, DECISION_RESERVE_S)
-    backend = open_gpu(timeout)
-    try:
-        snapshot = take_snapshot(backend, job.gpus, stored)
-        if timeout < cfg.gpu.snapshot_timeout_s and any(
-            g.status == GpuStatus.UNRESPONSIVE for g in snapshot.gpus
-        ):
-            raise BudgetSpent(budget.stage, f"GPUs did not answer in the {timeout:.2f} s left")
-        budget.enter("kernel log")
-        budget.require(DECISION_RESERVE_S)
-        log_read = read_kernel_log(
-            cfg, backend, stored, budget.bound(cfg.kernel_log.budget_s, DECISION_RESERVE_S)
-        )
-    finally:
-        backend.close()
+    snapshot, hint = _snapshot_within(cfg, open_gpu, job, phase, budget)
+    snapshot = _with_known_identity(snapshot, stored.get(INVENTORY_KEY))
+    budget.enter("kernel log")
+    budget.require(DECISION_RESERVE_S)
+    log_read = read_kernel_log(
+        cfg, hint, stored, budget.bound(cfg.kernel_log.budget_s, DECISION_RESERVE_S)
+    )
     budget.enter("checks")
     judged = judge(
         cfg, snapshot, log_read, stored, notes, phase=phase, gpus=job.gpus, job_id=job.job_id,
-        duration_s=budget.clock() - t0,
+        duration_s=budget.elapsed(),
     )  # fmt: skip
     budget.enter("decided")
     return judged
+
+
+def _snapshot_within(
+    cfg: Config, open_gpu: Callable[[float], GpuBackend], job: Job, phase: str, budget: Budget
+) -> tuple[NodeSnapshot, str | None]:
+    """The job's GPUs, in the prolog shared with the node's other prologs
+    (hooks/snapshot_cache.py; the epilog reads its own: it looks for what the job left);
+    a read made here gets the snapshot timeout the budget still allows."""
+    from slurmhealth.hooks.snapshot_cache import shared_snapshot
+
+    cut: list[float] = []
+
+    def take(indices: Sequence[int] | None) -> tuple[NodeSnapshot, str | None]:
+        timeout = budget.bound(cfg.gpu.snapshot_timeout_s, DECISION_RESERVE_S)
+        if timeout < cfg.gpu.snapshot_timeout_s:
+            cut.append(timeout)
+        backend = open_gpu(timeout)
+        try:
+            return backend.snapshot(indices), backend.kernel_log_hint
+        finally:
+            backend.close()
+
+    if phase != "prolog":
+        got: tuple[NodeSnapshot, str | None] | None = take(job.gpus)
+    else:
+        run_dir = cfg.expand(cfg.paths.run_dir, job.node)
+        wait = budget.bound(math.inf, DECISION_RESERVE_S)
+        got = shared_snapshot(run_dir, take, job.gpus, wait)
+    if got is None:
+        raise BudgetSpent(budget.stage, "another prolog held the node's snapshot lock")
+    if cut and any(g.status == GpuStatus.UNRESPONSIVE for g in got[0].gpus):
+        raise BudgetSpent(budget.stage, f"GPUs did not answer in the {cut[0]:.2f} s left")
+    return got

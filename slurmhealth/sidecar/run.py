@@ -19,12 +19,14 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from http.server import ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.model import NodeSnapshot, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.state import Event, ExportState, JobLabels, TaskStats
+
+if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
+    from http.server import ThreadingHTTPServer
 
 log = logging.getLogger("slurmhealth.sidecar")
 
