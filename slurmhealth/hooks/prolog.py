@@ -13,6 +13,7 @@ recording ones (tests/unit/test_hooks_decisions.py).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -316,6 +317,9 @@ def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
     from slurmhealth.sidecar.lifecycle import start_sidecar, stop_sidecar
 
     if phase == "prolog" and exit_code == 0:
+        with contextlib.suppress(OSError):  # the wrapper put the prolog ahead of other work;
+            if os.getpriority(os.PRIO_PROCESS, 0) < 0:  # the sidecar runs beside the job
+                os.setpriority(os.PRIO_PROCESS, 0, 0)
         pid = start_sidecar(cfg, job)
         log.debug("sidecar started: pid %s", pid)
     elif phase == "epilog":
