@@ -197,9 +197,10 @@ def measure(args: argparse.Namespace) -> Report:
     report.orphan_sidecars = _sidecars()
     for run_dir in sorted((state_dir / "nodes").glob("*/run")):
         # the node's shared snapshot and its lock stay by design (hooks/snapshot_cache.py)
-        left = [p for p in sorted(run_dir.rglob("*")) if p.is_file() and p.parent != run_dir
-                or p.is_file() and not p.name.startswith("snapshot.")]  # fmt: skip
-        report.orphan_files += [str(p) for p in left]
+        for path in sorted(run_dir.rglob("*")):
+            kept = path.parent == run_dir and path.name in ("snapshot.json", "snapshot.lock")
+            if path.is_file() and not kept:
+                report.orphan_files.append(str(path))
     return report
 
 

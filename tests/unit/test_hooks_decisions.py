@@ -123,11 +123,11 @@ def _config(tmp_path: Path, scenario: str, **flags: Any) -> Config:
     )
 
 
-def _gpu(cfg: Config, tmp_path: Path) -> GpuBackend:
+def _gpu(cfg: Config, tmp_path: Path, timeout_s: float = 1.0) -> GpuBackend:
     lib = SimulatedNvml(
         load_scenario(cfg.gpu.sim_scenario), NODE, kernel_log_path=str(tmp_path / "kmsg")
     )
-    return NvmlBackend(lib, node=NODE, timeout_s=1.0)
+    return NvmlBackend(lib, node=NODE, timeout_s=timeout_s)
 
 
 def _hook(
