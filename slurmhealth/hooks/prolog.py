@@ -317,10 +317,12 @@ def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
     from slurmhealth.sidecar.lifecycle import start_sidecar, stop_sidecar
 
     if phase == "prolog" and exit_code == 0:
-        with contextlib.suppress(OSError):  # the wrapper put the prolog ahead of other work;
-            if os.getpriority(os.PRIO_PROCESS, 0) < 0:  # the sidecar runs beside the job
-                os.setpriority(os.PRIO_PROCESS, 0, 0)
         pid = start_sidecar(cfg, job)
+        if pid is not None and os.getpriority(os.PRIO_PROCESS, 0) < 0:
+            # the wrapper put the prolog ahead of the node's other work; the sidecar runs
+            # beside the job, not ahead of it (nor of the next burst's prologs)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
         log.debug("sidecar started: pid %s", pid)
     elif phase == "epilog":
         log.debug("%s", stop_sidecar(cfg, job.node, job.job_id))
