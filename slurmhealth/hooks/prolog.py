@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from slurmhealth.store import History
 
 log = logging.getLogger("slurmhealth.hooks")
-DB_WAIT_S = 2.0  # the record after it: then the spool (ingested by the next run)
+DB_WAIT_S = 2.0  # the record, after the decision, waits on a locked db at most this, then spools
 
 
 @dataclass(frozen=True)
