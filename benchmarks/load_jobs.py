@@ -214,6 +214,7 @@ def _print(report: Report) -> None:
           f"max {s(report.prolog_max_s)}")  # fmt: skip
     print(f"prolog timeouts (wrapper): {report.prolog_timeouts}  fail-opens: history "
           f"{report.prolog_failopens}, wrapper {report.wrapper_failopens}")  # fmt: skip
+    print(f"check runs still in the spool (db busy beyond a budget): {report.spooled}")
     print(f"nodes drained: {len(report.drained)} {report.drained or ''}")
     print(f"jobs without a prolog row: {len(report.missing_prolog)} {report.missing_prolog[:10]}")
     print(f"jobs without an epilog row: {len(report.missing_epilog)} {report.missing_epilog[:10]}")

@@ -130,6 +130,18 @@ def _gpu(cfg: Config, tmp_path: Path, timeout_s: float = 1.0) -> GpuBackend:
     return NvmlBackend(lib, node=NODE, timeout_s=timeout_s)
 
 
+def job_env(**env: str) -> dict[str, str]:
+    """What slurmd passes the prolog of job JOB on NODE (all 8 GPUs), plus ``env``."""
+    return {
+        "SLURM_JOB_ID": JOB,
+        "SLURMD_NODENAME": NODE,
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_UID": "1000",
+        "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+        **env,
+    }
+
+
 def _hook(
     cfg: Config,
     tmp_path: Path,
@@ -139,14 +151,7 @@ def _hook(
     db: Path | None = None,
     **env: str,
 ) -> HookResult:
-    environ = {
-        "SLURM_JOB_ID": JOB,
-        "SLURMD_NODENAME": NODE,
-        "SLURM_JOB_USER": "alice",
-        "SLURM_JOB_UID": "1000",
-        "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
-        **env,
-    }
+    environ = job_env(**env)
     history = History(db or tmp_path / "history.db", spool_path=tmp_path / "spool.jsonl")
     adapters = Adapters(slurm, lambda _timeout: _gpu(cfg, tmp_path), history)
     try:

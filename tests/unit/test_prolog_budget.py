@@ -32,6 +32,7 @@ from tests.unit.test_hooks_decisions import (
     _drain_rows,
     _gpu,
     _rows,
+    job_env,
 )
 
 BUDGET_S = 5.0
@@ -82,14 +83,7 @@ def _prolog(
     **env: str,
 ) -> HookResult:
     cfg = _config(tmp_path, scenario)
-    environ = {
-        "SLURM_JOB_ID": JOB,
-        "SLURMD_NODENAME": NODE,
-        "SLURM_JOB_USER": "alice",
-        "SLURM_JOB_UID": "1000",
-        "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
-        **env,
-    }
+    environ = job_env(**env)
     history = History(tmp_path / "history.db", spool_path=tmp_path / "spool.jsonl")
     adapters = Adapters(slurm, lambda t: _gpu(cfg, tmp_path, timeout_s=t), history)
     try:
