@@ -107,10 +107,14 @@ def _next_run_on(cluster: Cluster, node: str) -> None:
 
 
 def _kept_off(cluster: Cluster, job_id: str, node: str) -> None:
-    """The job did not run on ``node``: never started there, requeued, node out."""
+    """The job did not run on ``node``: never started there, requeued (once Slurm has run
+    the epilog of the failed launch), node out."""
+    deadline = time.monotonic() + 30
     record = cluster.job(job_id)
-    assert record["JobState"] in ("PENDING", "REQUEUED", "REQUEUE_HOLD"), record
-    assert int(record.get("Restarts", "0")) >= 1, record
+    while record.get("JobState") != "PENDING" or int(record.get("Restarts", "0")) < 1:
+        assert time.monotonic() < deadline, f"job {job_id} not requeued: {record}"
+        time.sleep(0.2)
+        record = cluster.job(job_id)
     assert not (cluster.home / f"ran-{job_id}-{node}").exists()
     deadline = time.monotonic() + 20
     while node not in cluster.sinfo_reasons():
@@ -164,8 +168,10 @@ def test_slurmctld_not_answering_at_drain_time_still_keeps_the_job_off(
         log = _wait_log(healthy, offset, job.job_id, ("node unhealthy", "failing open"))
     assert "node unhealthy" in log and "timed out" not in log, log
     _kept_off(healthy, job.job_id, "n1")
-    (drain,) = _rows(healthy.node_db("n1"), "select * from drains where job_id = ?", job.job_id)
+    sql = "select * from drains where job_id = ? and actor = 'slurmhealth prolog'"
+    (drain,) = _rows(healthy.node_db("n1"), sql, job.job_id)
     assert drain["state"] == "failed" and drain["reason"].startswith("slurmhealth: ")
+    assert "did not answer" in drain["detail"]
     # Slurm took the node out for the failed prolog, with its own reason: not overwritten
     assert not healthy.sinfo_reasons()["n1"].startswith("slurmhealth:")
 
