@@ -91,15 +91,19 @@ class Budget:
             raise BudgetSpent(self.stage, f"{self.elapsed():.2f} s of {self.total_s:g} s used")
 
 
-def _stage_writer(env: Mapping[str, str]) -> Callable[[str, float], None] | None:
+def _stage_writer(
+    env: Mapping[str, str], also: Callable[[str, float], None] | None
+) -> Callable[[str, float], None] | None:
     fd_text = env.get(STAGE_FD_ENV, "")
     if not fd_text.isdigit():
-        return None
+        return also
     fd = int(fd_text)
 
     def write(stage: str, elapsed: float) -> None:
         with contextlib.suppress(OSError):  # the wrapper's file is a courtesy, never a failure
             os.write(fd, f"{stage} {elapsed:.2f}\n".encode())
+        if also is not None:
+            also(stage, elapsed)
 
     return write
 
@@ -112,9 +116,14 @@ def _float(env: Mapping[str, str], key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def prolog_budget(budget_s: float, env: Mapping[str, str]) -> Budget:
+def prolog_budget(
+    budget_s: float,
+    env: Mapping[str, str],
+    also_report: Callable[[str, float], None] | None = None,
+) -> Budget:
     """The prolog's budget: ``budget_s`` from the wrapper's start (or from now when run by
-    hand), and never closer than :data:`WRAPPER_MARGIN_S` to the wrapper's own timeout."""
+    hand), and never closer than :data:`WRAPPER_MARGIN_S` to the wrapper's own timeout.
+    Stages go to the wrapper's fd and to ``also_report``."""
     total = budget_s
     wrapper = _float(env, WRAPPER_TIMEOUT_ENV)
     if wrapper is not None and wrapper > 0 and total > wrapper - WRAPPER_MARGIN_S:
@@ -126,7 +135,7 @@ def prolog_budget(budget_s: float, env: Mapping[str, str]) -> Budget:
     now = time.monotonic()
     started = _float(env, STARTED_ENV)
     before = min(max(0.0, time.time() - started), total) if started is not None else 0.0
-    return Budget(total, start=now - before, report=_stage_writer(env))
+    return Budget(total, start=now - before, report=_stage_writer(env, also_report))
 
 
 class BoundedSlurm:

@@ -160,6 +160,7 @@ def run_hook(
     exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
     budget.enter("record")
     batch = check_batch(cfg, result, row, judged.state)
+    batch.inserts += _killed_before(cfg, job, phase)
     if outcome and not (phase == "epilog" and outcome.state == "already"):
         # (the epilog after our own failed prolog would only repeat the drain)
         batch.inserts.append(_drain_row(job, phase, result.run_id, outcome, candidates))
@@ -194,6 +195,7 @@ def _fail_open(
     _record(
         history,
         [
+            *_killed_before(cfg, job, phase),
             (
                 "check_runs",
                 {
@@ -216,6 +218,18 @@ def _fail_open(
     if phase == "prolog":
         _sidecar(cfg, job, phase, 0)
     return HookResult(0, job, "failopen", run_id=run_id)
+
+
+def _killed_before(cfg: Config, job: Job, phase: str) -> list[tuple[str, dict[str, Any]]]:
+    """Earlier prologs of this node that the wrapper killed (hooks/inflight.py)."""
+    if phase != "prolog":
+        return []
+    from slurmhealth.hooks.inflight import killed_runs
+
+    rows = killed_runs(cfg.expand(cfg.paths.run_dir, job.node), cfg.gpu.backend)
+    for row in rows:
+        log.warning("job %s: %s", row["job_id"], row["error"])
+    return [("check_runs", row) for row in rows]
 
 
 def _drain_row(
@@ -333,11 +347,15 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     and the node's history."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.hooks.budget import prolog_budget
+    from slurmhealth.hooks.inflight import InFlight
     from slurmhealth.slurm import open_slurm
     from slurmhealth.store import History
 
-    budget = prolog_budget(cfg.slurm.prolog_budget_s, env) if phase == "prolog" else None
     job = job_from_env(env, cfg.node_name)
+    marker = budget = None
+    if phase == "prolog":
+        marker = InFlight(cfg.expand(cfg.paths.run_dir, job.node), job.job_id, job.node)
+        budget = prolog_budget(cfg.slurm.prolog_budget_s, env, marker.stage)
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     history = History(cfg.db_path(job.node), spool_path=cfg.spool_path(job.node) or None)
 
@@ -349,6 +367,8 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
         return run_hook(cfg, job, env, phase, Adapters(slurm, open_gpu, history), budget)
     finally:
         history.close()
+        if marker is not None:
+            marker.done()
 
 
 def run_prolog(cfg: Config, env: Mapping[str, str]) -> HookResult:
