@@ -33,7 +33,8 @@ class GpuConfig:
     sim_scenario: str = ""  # scenario file for backend=sim
     sim_epoch: float = 0.0  # scenario clock start (UTC s); 0 = the scenario file's mtime
     sim_kernel_log: str = ""  # where the simulator writes its Xid kernel-log lines
-    snapshot_timeout_s: float = 5.0  # a GPU that does not answer within this is unresponsive
+    # a GPU that does not answer within this is unresponsive; fits in the prolog's budget
+    snapshot_timeout_s: float = 3.0
     expected_count: int = 0  # GPUs this node must show; 0 = don't check beyond the job's GPUs
     expected_driver: str = ""  # e.g. "550.90.07"; empty = don't check
     # NVLinks each model must have active; models not listed: every link NVML reports
@@ -76,6 +77,7 @@ class PolicyConfig:
 class SlurmConfig:
     backend: str = "cli"  # cli (scontrol/squeue/sinfo) | pyslurm | auto
     command_timeout_s: float = 5.0  # each scontrol/squeue/sinfo call
+    prolog_budget_s: float = 5.0  # prolog decides+drains+records in this; < wrapper's 8 s
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ RANGES: Mapping[str, Bound] = {
     "kernel_log.budget_s": POSITIVE_S,
     "policy.drain_max_share": Bound(0, 1, low_open=True),
     "slurm.command_timeout_s": POSITIVE_S,
+    "slurm.prolog_budget_s": POSITIVE_S,
     "sidecar.interval_s": Bound(1, DAY),  # the documented minimum is 1 s
     "sidecar.port_min": Bound(1, 65535),
     "sidecar.port_max": Bound(1, 65535),
@@ -156,6 +157,12 @@ def _cross_rules(cfg: Config, env: Mapping[str, str]) -> None:
     # the prolog decides from one snapshot and one kernel-log read, then calls Slurm
     _fits(cfg, env, "prolog", [snapshot, klog])
     _fits(cfg, env, "prolog", ["slurm.command_timeout_s"])
+    # the prolog's own budget ends before the wrapper kills it, and leaves the snapshot
+    # its whole deadline (a shortened one turns a hung GPU into a fail-open, not a drain)
+    _fits(cfg, env, "prolog", ["slurm.prolog_budget_s"])
+    if _value(cfg, snapshot) >= _value(cfg, "slurm.prolog_budget_s"):
+        _blame(cfg, [snapshot, "slurm.prolog_budget_s"],
+               f"{snapshot} must be shorter than slurm.prolog_budget_s")  # fmt: skip
     _fits(cfg, env, "prolog", ["baseline.prolog_bench_timeout_s"])
     # the epilog stops the sidecar, checks the GPUs, then captures the evidence
     _fits(cfg, env, "epilog", ["sidecar.stop_grace_s", snapshot, klog, "evidence.budget_s"])

@@ -55,6 +55,12 @@ class SlurmCli:
         self.timeout_s = timeout_s
         self.calls: list[list[str]] = []  # every command run, for tests and --debug
 
+    def with_timeout(self, timeout_s: float) -> SlurmCli:
+        """A copy whose calls wait at most ``timeout_s`` (and no longer than this one's)."""
+        bounded = SlurmCli(min(self.timeout_s, timeout_s))
+        bounded.calls = self.calls  # one record of every command run
+        return bounded
+
     def _run(self, argv: Sequence[str]) -> str:
         self.calls.append(list(argv))
         env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}
@@ -73,7 +79,7 @@ class SlurmCli:
                 f"{argv[0]} not found: are the Slurm client tools installed?"
             ) from None
         except subprocess.TimeoutExpired:
-            raise SlurmError(f"{argv[0]} did not answer within {self.timeout_s:g} s") from None
+            raise SlurmError(f"{argv[0]} did not answer within {self.timeout_s:.2g} s") from None
         if proc.returncode != 0:
             err = proc.stderr.strip().splitlines()
             raise SlurmError(

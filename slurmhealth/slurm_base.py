@@ -68,6 +68,10 @@ class SlurmBackend(Protocol):
 
     def show_job(self, job_id: str) -> dict[str, str]: ...
 
+    def with_timeout(self, timeout_s: float) -> SlurmBackend:
+        """This backend with each call bounded by ``timeout_s`` (the prolog's budget)."""
+        ...
+
 
 def clean_reason(text: str) -> str:
     """One line, no control characters, short enough for ``sinfo -R``."""

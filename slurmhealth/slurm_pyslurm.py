@@ -48,6 +48,11 @@ class PySlurmBackend:
 
         self._ps: Any = pyslurm
 
+    def with_timeout(self, timeout_s: float) -> PySlurmBackend:
+        """pyslurm calls run in this process and cannot be cut short: the same backend
+        (the prolog's budget still skips calls once it is spent)."""
+        return self
+
     def nodes(self) -> list[NodeInfo]:
         try:
             loaded = self._ps.Nodes.load()

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
-from slurmhealth.model import Finding, NodeSnapshot, Severity
+from slurmhealth.hooks.budget import DECISION_RESERVE_S, Budget, BudgetSpent, bound_db_wait
+from slurmhealth.model import Finding, GpuStatus, Job, NodeSnapshot, Severity
 
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.history import Batch, History
+    from slurmhealth.kernel_log import ReadResult
 
 log = logging.getLogger("slurmhealth.check")
 
@@ -28,6 +31,7 @@ COUNTERS_KEY = "nvlink_counters"  # every error counter since history format 2
 INVENTORY_KEY = "gpu_inventory"
 _IDENTITY = ("uuid", "pci_bus_id", "serial", "name")
 CURSOR_KEY = "kernel_log_cursor"
+STATE_WAIT_S = 0.5  # the stored state is read before the decision: a short wait at most
 
 
 @dataclass(frozen=True)
@@ -138,13 +142,107 @@ def run_check(
         history.close()
 
 
-def _read_state(history: History) -> tuple[dict[str, Any], list[str]]:
+def read_state(history: History) -> tuple[dict[str, Any], list[str]]:
     """What the last runs stored (NVLink counters, kernel-log cursor, GPU inventory), and
     a note when the history cannot be read: the check goes on without it."""
     try:
         return {key: history.kv_get(key) for key in (COUNTERS_KEY, CURSOR_KEY, INVENTORY_KEY)}, []
     except Exception as exc:  # an unreadable history must not stop the check
         return {}, [f"history unreadable ({type(exc).__name__}: {exc}); rates skipped"]
+
+
+def take_snapshot(
+    backend: GpuBackend, gpus: Sequence[int] | None, stored: dict[str, Any]
+) -> NodeSnapshot:
+    """The GPUs' state now; a GPU that cannot be read keeps its last known identity."""
+    return _with_known_identity(backend.snapshot(gpus), stored.get(INVENTORY_KEY))
+
+
+def read_kernel_log(
+    cfg: Config,
+    hint: str | None,
+    stored: dict[str, Any],
+    history: History,
+    notes: list[str],
+    budget_s: float | None = None,
+) -> tuple[ReadResult, str]:
+    """New kernel-log lines since the newest stored position (hooks/kernel_read.py; within
+    ``budget_s``, default the configured one), and the source read; ``hint``: the GPU
+    backend's own log, if any."""
+    from slurmhealth.hooks.kernel_read import read_kernel_log as read_positioned
+    from slurmhealth.kernel_log import KernelLogReader
+
+    source = cfg.kernel_log.source
+    if source == "auto":
+        source = hint or "kmsg"
+    reader = KernelLogReader(
+        source,
+        lookback_s=cfg.kernel_log.lookback_s,
+        budget_s=cfg.kernel_log.budget_s if budget_s is None else budget_s,
+    )
+    return read_positioned(reader, stored.get(CURSOR_KEY), history.path, notes), source
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A check's verdict and the state to store with it (see :func:`check_batch`)."""
+
+    result: CheckResult
+    state: dict[str, Any]
+
+
+def judge(
+    cfg: Config,
+    snapshot: NodeSnapshot,
+    log_read: tuple[ReadResult, str],
+    stored: dict[str, Any],
+    notes: list[str],
+    *,
+    phase: str,
+    gpus: Sequence[int] | None,
+    job_id: str | None,
+    duration_s: float,
+) -> Judged:
+    """Run the check catalog over ``snapshot`` and the new kernel-log lines."""
+    from slurmhealth.checks import CheckContext, counters, run_checks
+    from slurmhealth.hooks.kernel_read import predating_findings
+
+    read, source = log_read
+    if read.error:
+        notes = [*notes, f"kernel log {source}: {read.error}"]
+    ctx = CheckContext(
+        snapshot=snapshot,
+        phase=phase,
+        gpus=None if gpus is None else tuple(gpus),
+        expected_count=cfg.gpu.expected_count,
+        expected_driver=cfg.gpu.expected_driver,
+        nvlinks_per_model=cfg.gpu.nvlinks_per_model,
+        counter_history=(remembered := counters.load(stored.get(COUNTERS_KEY))),
+        xids=read.events,
+        kernel_events=read.kernel_events,
+    )
+    findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
+    findings += predating_findings(ctx, read, cfg.checks.settings, cfg.checks.disabled)
+    result = CheckResult(
+        run_id=os.urandom(16).hex(),
+        node=snapshot.node,
+        phase=phase,
+        job_id=job_id,
+        snapshot=snapshot,
+        findings=tuple(findings),
+        duration_s=duration_s,
+        notes=tuple(notes),
+    )
+    state = {
+        COUNTERS_KEY: counters.pack(
+            counters.remember(
+                remembered, snapshot, counters.window_of(cfg.checks.settings), ctx.counters
+            )
+        ),
+        CURSOR_KEY: read.cursor,
+        INVENTORY_KEY: _inventory(stored.get(INVENTORY_KEY), snapshot),
+    }
+    return Judged(result, state)
 
 
 def check_node(
@@ -161,62 +259,23 @@ def check_node(
     ``history``, with ``job_row`` upserted into ``jobs`` in the same transaction. Raises
     only for setup errors (bad settings, NVML that cannot start), never for a broken
     history: then the record is spooled and ``recorded`` is False."""
-    from slurmhealth.checks import CheckContext, counters, run_checks, validate_settings
-    from slurmhealth.hooks.kernel_read import predating_findings, read_kernel_log
-    from slurmhealth.kernel_log import KernelLogReader
+    from slurmhealth.checks import validate_settings
 
     t0 = time.monotonic()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
-    stored, notes = _read_state(history)
-    previous, inventory = stored.get(COUNTERS_KEY), stored.get(INVENTORY_KEY)
-    snapshot = _with_known_identity(backend.snapshot(gpus), inventory)
-    source = cfg.kernel_log.source
-    if source == "auto":
-        source = backend.kernel_log_hint or "kmsg"
-    reader = KernelLogReader(
-        source, lookback_s=cfg.kernel_log.lookback_s, budget_s=cfg.kernel_log.budget_s
-    )
-    log_read = read_kernel_log(reader, stored.get(CURSOR_KEY), history.path, notes)
-    if log_read.error:
-        notes.append(f"kernel log {source}: {log_read.error}")
-    ctx = CheckContext(
-        snapshot=snapshot,
-        phase=phase,
-        gpus=None if gpus is None else tuple(gpus),
-        expected_count=cfg.gpu.expected_count,
-        expected_driver=cfg.gpu.expected_driver,
-        nvlinks_per_model=cfg.gpu.nvlinks_per_model,
-        counter_history=(remembered := counters.load(previous)),
-        xids=log_read.events,
-        kernel_events=log_read.kernel_events,
-    )
-    findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
-    findings += predating_findings(ctx, log_read, cfg.checks.settings, cfg.checks.disabled)
-    result = CheckResult(
-        run_id=os.urandom(16).hex(),
-        node=snapshot.node,
-        phase=phase,
-        job_id=job_id,
-        snapshot=snapshot,
-        findings=tuple(findings),
+    stored, notes = read_state(history)
+    snapshot = take_snapshot(backend, gpus, stored)
+    log_read = read_kernel_log(cfg, backend.kernel_log_hint, stored, history, notes)
+    judged = judge(
+        cfg, snapshot, log_read, stored, notes, phase=phase, gpus=gpus, job_id=job_id,
         duration_s=time.monotonic() - t0,
-        notes=tuple(notes),
-    )
-    state = {
-        COUNTERS_KEY: counters.pack(
-            counters.remember(
-                remembered, snapshot, counters.window_of(cfg.checks.settings), ctx.counters
-            )
-        ),
-        CURSOR_KEY: log_read.cursor,
-        INVENTORY_KEY: _inventory(inventory, snapshot),
-    }
-    if not history.write(_batch(cfg, result, job_row, state)):
-        return dataclasses.replace(result, recorded=False)
-    return result
+    )  # fmt: skip
+    if not history.write(check_batch(cfg, judged.result, job_row, judged.state)):
+        return dataclasses.replace(judged.result, recorded=False)
+    return judged.result
 
 
-def _batch(
+def check_batch(
     cfg: Config, result: CheckResult, job_row: dict[str, Any] | None, state: dict[str, Any]
 ) -> Batch:
     from slurmhealth.history import Batch, rows
@@ -227,3 +286,74 @@ def _batch(
         upserts=[("jobs", job_row, "job_id")] if job_row else [],
         kv=state,
     )
+
+
+def check_within(
+    cfg: Config,
+    history: History,
+    open_gpu: Callable[[float], GpuBackend],
+    job: Job,
+    phase: str,
+    budget: Budget,
+) -> Judged:
+    """Read the stored state, snapshot the job's GPUs, read the kernel log and judge, each
+    step within the budget (keeping :data:`DECISION_RESERVE_S` for the drain and record).
+
+    Raises :class:`BudgetSpent` when the budget runs out first, or when a step cut short
+    by it did not finish (a GPU too slow for the time left is not a hung GPU: slurmhealth
+    never drains because it ran out of time itself)."""
+    from slurmhealth.checks import validate_settings
+
+    validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
+    budget.enter("history read")
+    bound_db_wait(history, budget.bound(STATE_WAIT_S, DECISION_RESERVE_S))
+    stored, notes = read_state(history)
+    budget.enter("gpu snapshot")
+    budget.require(DECISION_RESERVE_S)
+    snapshot, hint = _snapshot_within(cfg, open_gpu, job, phase, budget)
+    snapshot = _with_known_identity(snapshot, stored.get(INVENTORY_KEY))
+    budget.enter("kernel log")
+    budget.require(DECISION_RESERVE_S)
+    log_read = read_kernel_log(
+        cfg, hint, stored, history, notes, budget.bound(cfg.kernel_log.budget_s, DECISION_RESERVE_S)
+    )
+    budget.enter("checks")
+    judged = judge(
+        cfg, snapshot, log_read, stored, notes, phase=phase, gpus=job.gpus, job_id=job.job_id,
+        duration_s=budget.elapsed(),
+    )  # fmt: skip
+    budget.enter("decided")
+    return judged
+
+
+def _snapshot_within(
+    cfg: Config, open_gpu: Callable[[float], GpuBackend], job: Job, phase: str, budget: Budget
+) -> tuple[NodeSnapshot, str | None]:
+    """The job's GPUs, in the prolog shared with the node's other prologs
+    (hooks/snapshot_cache.py; the epilog reads its own: it looks for what the job left);
+    a read made here gets the snapshot timeout the budget still allows."""
+    from slurmhealth.hooks.snapshot_cache import shared_snapshot
+
+    cut: list[float] = []
+
+    def take(indices: Sequence[int] | None) -> tuple[NodeSnapshot, str | None]:
+        timeout = budget.bound(cfg.gpu.snapshot_timeout_s, DECISION_RESERVE_S)
+        if timeout < cfg.gpu.snapshot_timeout_s:
+            cut.append(timeout)
+        backend = open_gpu(timeout)
+        try:
+            return backend.snapshot(indices), backend.kernel_log_hint
+        finally:
+            backend.close()
+
+    if phase != "prolog":
+        got: tuple[NodeSnapshot, str | None] | None = take(job.gpus)
+    else:
+        run_dir = cfg.expand(cfg.paths.run_dir, job.node)
+        wait = budget.bound(math.inf, DECISION_RESERVE_S)
+        got = shared_snapshot(run_dir, take, job.gpus, wait)
+    if got is None:
+        raise BudgetSpent(budget.stage, "another prolog held the node's snapshot lock")
+    if cut and any(g.status == GpuStatus.UNRESPONSIVE for g in got[0].gpus):
+        raise BudgetSpent(budget.stage, f"GPUs did not answer in the {cut[0]:.2f} s left")
+    return got

@@ -40,8 +40,12 @@ def job_from_env(env: Mapping[str, str], node: str) -> Job:
 
 def complete(job: Job, slurm: SlurmBackend, env: Mapping[str, str]) -> Job:
     """Fill account/QOS/priority/comment with one ``squeue`` call when the environment
-    lacks them (Slurm < 23.02 passes none of them to the prolog)."""
-    if "SLURM_JOB_ACCOUNT" in env and "SLURM_JOB_COMMENT" in env and job.priority is not None:
+    lacks them (Slurm < 23.02 passes none of them to the prolog). A Slurm that passes the
+    account and the comment or extra (the opt-out token), or its start time (24.11 passes
+    comment and extra when set), needs no call: priority alone is not worth one."""
+    if "SLURM_JOB_ACCOUNT" in env and any(
+        key in env for key in ("SLURM_JOB_COMMENT", "SLURM_JOB_EXTRA", "SLURM_JOB_START_TIME")
+    ):
         return job
     t0 = time.monotonic()
     try:

@@ -13,6 +13,8 @@ recording ones (tests/unit/test_hooks_decisions.py).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -21,6 +23,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
+from slurmhealth.hooks.budget import BoundedSlurm, Budget, BudgetSpent, bound_db_wait
+from slurmhealth.hooks.check import check_batch, check_within
 from slurmhealth.hooks.drain import DrainOutcome, drain_node
 from slurmhealth.hooks.job import complete, job_from_env
 from slurmhealth.model import Finding, Job, NodeSnapshot, Severity
@@ -29,9 +33,9 @@ from slurmhealth.slurm import SlurmBackend
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.history import History
-    from slurmhealth.hooks.check import CheckResult
 
 log = logging.getLogger("slurmhealth.hooks")
+DB_WAIT_S = 2.0  # the record, after the decision, waits on a locked db at most this, then spools
 
 
 @dataclass(frozen=True)
@@ -48,10 +52,11 @@ class HookResult:
 class Adapters:
     """The outside world a hook talks to. The entry points pass the real ones
     (:func:`run_prolog`); tests pass recording ones. The GPU backend is opened only when
-    the checks run (an opted-out job never touches the GPUs) and closed after them."""
+    the checks run (an opted-out job never touches the GPUs), with the snapshot timeout
+    the budget leaves (seconds), and closed after them."""
 
     slurm: SlurmBackend
-    open_gpu: Callable[[], GpuBackend]
+    open_gpu: Callable[[float], GpuBackend]
     history: History
 
 
@@ -115,83 +120,136 @@ def _job_row(job: Job, phase: str) -> dict[str, Any]:
 
 
 def run_hook(
-    cfg: Config, job: Job, env: Mapping[str, str], phase: str, adapters: Adapters
+    cfg: Config,
+    job: Job,
+    env: Mapping[str, str],
+    phase: str,
+    adapters: Adapters,
+    budget: Budget | None = None,
 ) -> HookResult:
     """The prolog (``phase`` "prolog") or epilog decision for ``job`` over ``adapters``:
     check the job's GPUs, drain when a failing finding calls for it (within the policy and
-    the circuit breaker), record it all in the history."""
+    the circuit breaker), then record it all in the history.
+
+    Every slow step gets at most what is left of ``budget`` (default: no limit). The
+    decision comes first: once the node is found bad the prolog exits 1 even when the
+    drain or the record cannot finish; a budget spent before the decision fails open and
+    is recorded as such (:func:`_fail_open`)."""
+    budget = budget or Budget.unlimited()
     if phase == "prolog":
-        job = complete(job, adapters.slurm, env)
+        budget.enter("job facts")
+        squeue = BoundedSlurm(adapters.slurm, budget, reserve=budget.total_s * 0.75)
+        job = complete(job, squeue, env)
     row = _job_row(job, phase)
     if job.opted_out(cfg.policy.optout_token):
         row["state"] = f"{row['state']} (slurmhealth off)"
         # the jobs row on a node without history yet is still recorded by _skip
+        bound_db_wait(adapters.history, budget.bound(DB_WAIT_S))
         return _skip(cfg, adapters.history, job, phase, row)
     if phase == "epilog":  # first: its final samples belong before the epilog's check
         _sidecar(cfg, job, phase, 0)
-    result = _check(cfg, adapters, job, phase, row)
+    try:
+        judged = check_within(cfg, adapters.history, adapters.open_gpu, job, phase, budget)
+    except BudgetSpent as spent:
+        return _fail_open(cfg, adapters.history, job, phase, row, budget, spent)
+    result = judged.result
     candidates = _drain_candidates(result.findings)
     outcome = None
     if candidates:
-        outcome = drain_node(cfg, adapters.slurm, job.node, candidates)
+        budget.enter("drain")
+        outcome = drain_node(cfg, BoundedSlurm(adapters.slurm, budget), job.node, candidates)
         if outcome.state in ("suppressed", "failed"):  # loud: an operator must look
             log.warning("drain %s: %s (%s)", outcome.state, outcome.reason, outcome.detail)
+    exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
+    budget.enter("record")
+    batch = check_batch(cfg, result, row, judged.state)
+    batch.inserts += _killed_before(cfg, job, phase)
     if outcome and not (phase == "epilog" and outcome.state == "already"):
         # (the epilog after our own failed prolog would only repeat the drain)
-        _record_drain(adapters.history, job, phase, result.run_id, outcome, candidates)
-    exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
+        batch.inserts.append(_drain_row(job, phase, result.run_id, outcome, candidates))
+    bound_db_wait(adapters.history, budget.bound(DB_WAIT_S))
+    adapters.history.write(batch)
     if phase == "prolog":
-        if exit_code == 0:
+        if exit_code == 0 and budget.left() > cfg.baseline.prolog_bench_timeout_s:
             _prolog_bench(cfg, job, result.snapshot)
+        budget.enter("sidecar")
         _sidecar(cfg, job, phase, exit_code)
     else:
         _evidence(cfg, job, adapters.slurm, result.findings, outcome)
+    budget.enter("done")
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
 
 
-def _check(
-    cfg: Config, adapters: Adapters, job: Job, phase: str, row: dict[str, Any]
-) -> CheckResult:
-    from slurmhealth.hooks.check import check_node
-
-    backend = adapters.open_gpu()
-    try:
-        return check_node(
-            cfg, backend, adapters.history, gpus=job.gpus, phase=phase, job_id=job.job_id,
-            job_row=row,
-        )  # fmt: skip
-    finally:
-        backend.close()
-
-
-def _record_drain(
+def _fail_open(
+    cfg: Config,
     history: History,
     job: Job,
     phase: str,
-    run_id: str,
-    outcome: DrainOutcome,
-    candidates: list[Finding],
-) -> None:
+    row: dict[str, Any],
+    budget: Budget,
+    spent: BudgetSpent,
+) -> HookResult:
+    """The budget ran out before a decision: the job runs (the prolog exits 0) and a
+    ``failopen`` check run says where and why, in the history or, when the history does
+    not answer at once, in the spool the next run ingests."""
+    run_id = os.urandom(16).hex()
+    log.warning("failing open: %s", spent)
+    bound_db_wait(history, budget.bound(DB_WAIT_S))
     _record(
         history,
         [
+            *_killed_before(cfg, job, phase),
             (
-                "drains",
+                "check_runs",
                 {
+                    "run_id": run_id,
                     "ts": time.time(),
                     "node": job.node,
                     "job_id": job.job_id,
-                    "run_id": run_id,
-                    "state": outcome.state,
-                    "reason": outcome.reason,
-                    "actor": f"slurmhealth {phase}",
-                    "detail": {
-                        "note": outcome.detail,
-                        "findings": [f.to_dict() for f in candidates],
-                    },
+                    "phase": phase,
+                    "gpus": list(job.gpus),
+                    "status": "failopen",
+                    "exit_code": 0,
+                    "duration_s": budget.elapsed(),
+                    "backend": cfg.gpu.backend,
+                    "error": f"fail open: {spent}",
                 },
-            )
+            ),
         ],
+        row,
+    )
+    if phase == "prolog":
+        _sidecar(cfg, job, phase, 0)
+    return HookResult(0, job, "failopen", run_id=run_id)
+
+
+def _killed_before(cfg: Config, job: Job, phase: str) -> list[tuple[str, dict[str, Any]]]:
+    """Earlier prologs of this node that the wrapper killed (hooks/inflight.py)."""
+    if phase != "prolog":
+        return []
+    from slurmhealth.hooks.inflight import killed_runs
+
+    rows = killed_runs(cfg.expand(cfg.paths.run_dir, job.node), cfg.gpu.backend)
+    for row in rows:
+        log.warning("job %s: %s", row["job_id"], row["error"])
+    return [("check_runs", row) for row in rows]
+
+
+def _drain_row(
+    job: Job, phase: str, run_id: str, outcome: DrainOutcome, candidates: list[Finding]
+) -> tuple[str, dict[str, Any]]:
+    return (
+        "drains",
+        {
+            "ts": time.time(),
+            "node": job.node,
+            "job_id": job.job_id,
+            "run_id": run_id,
+            "state": outcome.state,
+            "reason": outcome.reason,
+            "actor": f"slurmhealth {phase}",
+            "detail": {"note": outcome.detail, "findings": [f.to_dict() for f in candidates]},
+        },
     )
 
 
@@ -269,6 +327,11 @@ def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
 
     if phase == "prolog" and exit_code == 0:
         pid = start_sidecar(cfg, job)
+        if pid is not None and os.getpriority(os.PRIO_PROCESS, 0) < 0:
+            # the wrapper put the prolog ahead of the node's other work; the sidecar runs
+            # beside the job, not ahead of it (nor of the next burst's prologs)
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, pid, 0)
         log.debug("sidecar started: pid %s", pid)
     elif phase == "epilog":
         log.debug("%s", stop_sidecar(cfg, job.node, job.job_id))
@@ -279,15 +342,28 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     and the node's history."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
+    from slurmhealth.hooks.budget import prolog_budget
+    from slurmhealth.hooks.inflight import InFlight
     from slurmhealth.slurm import open_slurm
 
     job = job_from_env(env, cfg.node_name)
+    marker = budget = None
+    if phase == "prolog":
+        marker = InFlight(cfg.expand(cfg.paths.run_dir, job.node), job.job_id, job.node)
+        budget = prolog_budget(cfg.slurm.prolog_budget_s, env, marker.stage)
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     history = History.for_node(cfg, job.node)
+
+    def open_gpu(timeout_s: float) -> GpuBackend:
+        gpu = dataclasses.replace(cfg.gpu, snapshot_timeout_s=timeout_s)
+        return open_backend(dataclasses.replace(cfg, gpu=gpu))
+
     try:
-        return run_hook(cfg, job, env, phase, Adapters(slurm, lambda: open_backend(cfg), history))
+        return run_hook(cfg, job, env, phase, Adapters(slurm, open_gpu, history), budget)
     finally:
         history.close()
+        if marker is not None:
+            marker.done()
 
 
 def run_prolog(cfg: Config, env: Mapping[str, str]) -> HookResult:

@@ -20,13 +20,15 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
-from http.server import ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.history import Batch, History, rows
 from slurmhealth.model import ExportState, JobLabels, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.state import Event
+
+if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
+    from http.server import ThreadingHTTPServer
 
 log = logging.getLogger("slurmhealth.sidecar")
 

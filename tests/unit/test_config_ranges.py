@@ -83,11 +83,11 @@ def test_a_value_from_the_environment_names_the_variable(tmp_path: Path) -> None
 def test_hook_steps_must_fit_the_wrapper_timeout_from_the_environment(tmp_path: Path) -> None:
     """The wrappers export what they read from their env file; slurmhealth sees the same."""
     wide = {"SLURMHEALTH_PROLOG_TIMEOUT": "15", "SLURMHEALTH_EPILOG_TIMEOUT": "30"}
-    assert load(tmp_path, "[gpu]\nsnapshot_timeout_s = 9", **wide)
+    assert load(tmp_path, "[gpu]\nsnapshot_timeout_s = 9\n[slurm]\nprolog_budget_s = 12", **wide)
     with pytest.raises(ConfigError) as err:
-        load(tmp_path, "", SLURMHEALTH_PROLOG_TIMEOUT="4")  # the default 5 s snapshot
+        load(tmp_path, "", SLURMHEALTH_PROLOG_TIMEOUT="4")  # the default 3 s snapshot
     assert err.value.source == "environment SLURMHEALTH_PROLOG_TIMEOUT"
-    assert "gpu.snapshot_timeout_s 5 s + kernel_log.budget_s 1 s" in str(err.value)
+    assert "gpu.snapshot_timeout_s 3 s + kernel_log.budget_s 1 s" in str(err.value)
     with pytest.raises(ConfigError, match="epilog wrapper"):
         load(tmp_path, "", SLURMHEALTH_EPILOG_TIMEOUT="12")
     with pytest.raises(ConfigError, match="SLURMHEALTH_PROLOG_TIMEOUT"):
@@ -97,6 +97,15 @@ def test_hook_steps_must_fit_the_wrapper_timeout_from_the_environment(tmp_path: 
         "SLURMHEALTH_EPILOG_TIMEOUT",
     )
     assert wrapper_timeout({}, "prolog") == (8.0, "SLURMHEALTH_PROLOG_TIMEOUT default")
+
+
+def test_the_prolog_budget_leaves_the_snapshot_its_whole_deadline(tmp_path: Path) -> None:
+    """A snapshot deadline the budget must shorten turns a hung GPU into a fail-open."""
+    with pytest.raises(ConfigError, match=r"shorter than slurm\.prolog_budget_s") as err:
+        load(tmp_path, "[gpu]\nsnapshot_timeout_s = 5\n[slurm]\nprolog_budget_s = 4")
+    assert err.value.key == "gpu.snapshot_timeout_s"
+    with pytest.raises(ConfigError, match="prolog wrapper"):
+        load(tmp_path, "[slurm]\nprolog_budget_s = 8")  # the wrapper's default 8 s
 
 
 def test_the_documented_wrapper_defaults_are_the_scripts_defaults() -> None:

@@ -23,8 +23,10 @@ from slurmhealth.cli.options import Ctx
 from slurmhealth.config import Config, load_config
 from slurmhealth.diagnose.facts import NodeFacts
 from slurmhealth.errors import UsageError
-from slurmhealth.evidence import capture, list_bundles, prune, read_manifest, write_summary
+from slurmhealth.evidence import list_bundles, prune, read_manifest
+from slurmhealth.evidence.capture import capture
 from slurmhealth.evidence.sources import find_py_spy
+from slurmhealth.evidence.summary import write_summary
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import job_node_rows
 
