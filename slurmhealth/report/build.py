@@ -14,8 +14,10 @@ job is a :class:`UsageError` (exit 2).
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
+import pwd
 import re
 import statistics
 import time
@@ -118,15 +120,7 @@ def build_report(
         where = where or [f"{cfg.db_path()} ({'private' if private else 'missing'})"]
         where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
         if job is None and not summaries and not any(d.nodes for d in dbs):
-            if private:  # a user's view: the history is root:admin, the summaries theirs
-                raise access.AccessDenied(
-                    f"no summary of job {job_id} you may read in {where[-1]}, and history "
-                    f"{cfg.db_path()} is private to {access.who_may(rights or access.Rights())}"
-                )
-            if unreadable:  # the job may well be in there: say so, not "no record"
-                raise StoreError("; ".join(f"history {p} cannot be read: {why}"
-                                           for p, why in unreadable.items()))  # fmt: skip
-            raise UsageError(f"no record of job {job_id} in {', '.join(where)}")
+            raise _not_found(cfg, job_id, where, private, unreadable, requester_uid, rights)
         for path, why in unreadable.items():
             log.warning("history %s cannot be read (%s): the report may miss part of job %s",
                         path, why, job_id)  # fmt: skip
@@ -166,6 +160,32 @@ def build_report(
     )
 
 
+def _not_found(
+    cfg: Config,
+    job_id: str,
+    where: list[str],
+    private: bool,
+    unreadable: dict[str, str],
+    requester_uid: int | None,
+    rights: access.Rights | None,
+) -> Exception:
+    """Why nothing about the job could be read: another's (its evidence folder says whose),
+    a history private to the admins, a history that failed, or no record at all."""
+    rights = rights or access.Rights()
+    folder_owner = _folder_owner(cfg, job_id)
+    if requester_uid is not None and folder_owner is not None:
+        _check_access(JobFacts(job_id=job_id), folder_owner, requester_uid, rights)
+    if private:  # a user's view: the history is root:admin, the summaries theirs
+        return access.AccessDenied(
+            f"no summary of job {job_id} you may read in {where[-1]}, and history "
+            f"{cfg.db_path()} is private to {access.who_may(rights)}"
+        )
+    if unreadable:  # the job may well be in there: say so, not "no record"
+        return StoreError("; ".join(f"history {p} cannot be read: {why}"
+                                    for p, why in unreadable.items()))  # fmt: skip
+    return UsageError(f"no record of job {job_id} in {', '.join(where)}")
+
+
 def _private(path: str) -> bool:
     """Whether ``path``'s folder exists but this process may not look inside."""
     folder = os.path.dirname(path) or "."
@@ -183,9 +203,26 @@ def _summary_owner(found: src.Summaries) -> int | None:
     return uids.pop() if len(uids) == 1 and 0 not in uids else None
 
 
+def _folder_owner(cfg: Config, job_id: str) -> int | None:
+    """The uid root gave the job's evidence folder (traversable, not listable, by anyone)."""
+    for path in glob.glob(os.path.join(src.evidence_root(cfg, "*"), job_id)):
+        with contextlib.suppress(OSError):
+            uid = os.lstat(path).st_uid
+            if uid != 0:
+                return uid
+    return None
+
+
 def _check_access(job: JobFacts, owner: int | None, uid: int, rights: access.Rights) -> None:
+    """Refuse (exit 4) unless user ``uid`` may read the job owned by ``owner`` (a uid) or,
+    when no uid is known, by ``job.user``; no owner known: root and admins only."""
     me = access.current_caller() if uid == os.getuid() else access.caller_for_uid(uid)
-    access.check_job(me, rights, job.job_id, owner, job.user or None)
+    name = job.user or None
+    if name is None and owner is not None:
+        name = f"uid {owner}"
+        with contextlib.suppress(KeyError):
+            name = pwd.getpwuid(owner).pw_name
+    access.check_job(me, rights, job.job_id, owner, name)
 
 
 def _known_incidents(cfg: Config, job_id: str, facts: Facts) -> list[tuple[str, Incident]]:

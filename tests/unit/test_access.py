@@ -199,7 +199,8 @@ def test_the_owner_reads_their_job_from_its_summary_when_the_history_is_private(
     assert rc == 0 and '"job_id": "43"' in out, err
     assert "cannot be read" in err or not err  # the history is root:admin: at most a warning
     _refused(_run(site, user, "history", "--job", "43"), "is private to root or group")
-    _refused(_run(site, user, "report", "42"), "no summary of job 42 you may read", "private")
+    _refused(_run(site, user, "report", "42"), "job 42 belongs to uid 4242; only uid 4242, root")
+    _refused(_run(site, user, "report", "999"), "no summary of job 999 you may read", "private")
     rc, out, err = _run(site, user, "evidence", "show", "43", "--json")
     assert rc == 2 and "no evidence bundle for job 43" in err  # a summary, no manifest
 
