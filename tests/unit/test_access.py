@@ -203,6 +203,7 @@ def test_the_owner_reads_their_job_from_its_summary_when_the_history_is_private(
     _refused(_run(site, user, "report", "999"), "no summary of job 999 you may read", "private")
     rc, out, err = _run(site, user, "evidence", "show", "43", "--json")
     assert rc == 2 and "no evidence bundle for job 43" in err  # a summary, no manifest
+    _refused(_run(site, user, "evidence", "list"), "only root may list", "evidence show JOBID")
 
 
 @root_only
