@@ -186,6 +186,8 @@ def test_history_of_another_users_job_or_of_every_job_is_refused(site: Path, use
     _open_db_like_an_old_install(site)
     _refused(_run(site, user, "history", "--job", "42", "--json"), "belongs to victim")
     _refused(_run(site, user, "history"), "only root or group shadm", "--job JOBID")
+    add = ("incident", "add", "43", "--symptom", "slow", "--root-cause", "my own code")
+    _refused(_run(site, user, *add), "only root or group shadm", "may record incidents")
     rc, out, err = _run(site, user, "history", "--job", "43", "--json")
     assert rc == 0 and '"job_id": "43"' in out and '"42"' not in out, err
 
