@@ -50,10 +50,10 @@ class GpuConfig:
 
 @dataclass(frozen=True)
 class PathsConfig:
-    db: str = "/var/lib/slurmhealth/history.db"
+    db: str = "/var/lib/slurmhealth/history/history.db"  # its folder: root:admin 0750
     spool: str = ""  # empty = "<db>.spool.jsonl"
     spool_max_bytes: int = 64 * 1024 * 1024  # beyond this, new batches are dropped (counted)
-    evidence_dir: str = "/var/lib/slurmhealth/evidence"
+    evidence_dir: str = "/var/lib/slurmhealth/evidence"  # 0711: owners reach their bundles
     run_dir: str = "/run/slurmhealth"
 
 
@@ -115,7 +115,9 @@ class EvidenceConfig:
     source_timeout_s: float = 2.0  # each source (command, file, NVML read) at most this long
     source_max_bytes: int = 4 * 1024 * 1024  # each file of the bundle at most this big
     budget_s: float = 10.0  # the whole capture, all sources together (epilog default)
-    admin_group: str = ""  # group that may read every bundle; "" = root only (plus the owner)
+    # group that may read every job (bundles, history, reports); "" = root only (plus the
+    # owner). Read for access from the root-owned system config only, never a user's own
+    admin_group: str = ""
     nvidia_smi: str = "nvidia-smi"  # binary for nvidia-smi-q.txt / nvidia-smi-nvlink.txt
     py_spy: str = "py-spy"  # binary for stacks.txt (the venv's own is found too)
     scontrol: str = "scontrol"  # binary for slurm-job.txt / slurm-node.txt

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import pwd
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,21 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+@pytest.fixture(scope="session")
+def user() -> Iterator[str]:
+    """An unprivileged user: the cluster's ``shuser``, else a throwaway one."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    try:
+        yield pwd.getpwnam("shuser").pw_name
+        return
+    except KeyError:
+        pass
+    name = f"shtest{os.getpid()}"
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
+    try:
+        yield name
+    finally:
+        subprocess.run(["userdel", name], check=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
 from slurmhealth.errors import UsageError
 
 if TYPE_CHECKING:
+    from slurmhealth.access import Rights
     from slurmhealth.config import Config
 
 
@@ -31,6 +33,39 @@ def _job_row(cfg: Config, job_id: str, node: str) -> dict[str, Any]:
     if not isinstance(out.get("gpus"), list):
         out["gpus"] = []
     return out
+
+
+def _bundle_owner(path: str, manifest: Mapping[str, Any] | None) -> tuple[int | None, str | None]:
+    """A bundle's owner: its folder's uid (root gives it the job's uid), else the user its
+    root-written manifest names."""
+    try:
+        uid: int | None = os.lstat(path).st_uid
+    except OSError:
+        uid = None
+    name = (manifest or {}).get("user")
+    return (uid or None), (str(name) if name else None)
+
+
+def _job_nodes(cfg: Config, job_id: str, rights: Rights) -> list[str]:
+    """The nodes with a bundle of the job (the evidence root itself may not be listable);
+    a job folder the file modes keep the caller out of is a refusal (exit 4)."""
+    import pwd
+
+    from slurmhealth import access
+    from slurmhealth.evidence import bundle
+
+    folder = os.path.join(bundle.evidence_root(cfg), bundle.safe_name(job_id, "job id"))
+    try:
+        return sorted(e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False))
+    except PermissionError:
+        owner: str | None = None
+        with contextlib.suppress(OSError, KeyError):
+            uid = os.lstat(folder).st_uid
+            owner = f"uid {uid}"
+            owner = pwd.getpwuid(uid).pw_name
+        raise access.job_denied(job_id, owner, rights, "evidence") from None
+    except OSError:
+        return []
 
 
 def _size(n: float) -> str:
@@ -88,9 +123,12 @@ def capture_cmd(
     budget: float | None,
     as_json: bool,
 ) -> None:
-    """Capture JOB_ID's evidence bundle on this node now (job details from the history)."""
+    """Capture JOB_ID's evidence bundle on this node now (job details from the history).
+    Root and the admin group only."""
+    from slurmhealth import access
     from slurmhealth.evidence.capture import capture
 
+    access.require_admin(ctx.caller(), ctx.rights(), "capture evidence")
     cfg = ctx.config()
     node = node or cfg.node_name
     row = _job_row(cfg, job_id, node)
@@ -130,10 +168,17 @@ def capture_cmd(
 @json_option
 @pass_ctx
 def list_cmd(ctx: Ctx, as_json: bool) -> None:
-    """Bundles under the evidence directory, newest first."""
-    from slurmhealth.evidence import list_bundles
+    """Bundles under the evidence directory, newest first (a user: their own jobs')."""
+    from slurmhealth import access
+    from slurmhealth.evidence import bundle, list_bundles
 
-    bundles = list_bundles(ctx.config())
+    cfg, caller, rights = ctx.config(), ctx.caller(), ctx.rights()
+    root = bundle.evidence_root(cfg)
+    if os.path.isdir(root) and not os.access(root, os.R_OK):  # 0711: root lists, all traverse
+        raise access.AccessDenied(f"only root may list {root}; "
+                                  "name the job: slurmhealth evidence show JOBID")  # fmt: skip
+    bundles = [b for b in list_bundles(cfg)
+               if access.may_read_job(caller, rights, *_bundle_owner(b["path"], None))]  # fmt: skip
     if as_json:
         render.print_json({"schema": "slurmhealth.evidence-list/1", "bundles": bundles})
         return
@@ -161,12 +206,22 @@ def list_cmd(ctx: Ctx, as_json: bool) -> None:
 @json_option
 @pass_ctx
 def show_cmd(ctx: Ctx, job_id: str, node: str | None, as_json: bool) -> None:
-    """Print the manifest of JOB_ID's bundle(s)."""
-    from slurmhealth.evidence import list_bundles, read_manifest
+    """Print the manifest of JOB_ID's bundle(s): its owner, root and the admin group."""
+    from slurmhealth import access
+    from slurmhealth.evidence import bundle, read_manifest
 
-    cfg = ctx.config()
-    nodes = [node] if node else [b["node"] for b in list_bundles(cfg) if b["job"] == job_id]
-    manifests = [m for m in (read_manifest(cfg, job_id, n) for n in sorted(nodes)) if m]
+    cfg, caller, rights = ctx.config(), ctx.caller(), ctx.rights()
+    manifests = []
+    listed = _job_nodes(cfg, job_id, rights)
+    for n in [node] if node else listed:
+        path = bundle.bundle_path(cfg, job_id, n)
+        if not os.path.isdir(path):
+            continue
+        m = read_manifest(cfg, job_id, n)
+        owner = _bundle_owner(path, m)
+        if not access.may_read_job(caller, rights, *owner):
+            raise access.job_denied(job_id, owner[1], rights, "evidence")
+        manifests += [m] if m else []
     if not manifests:
         where = f" on {node}" if node else ""
         raise UsageError(f"no evidence bundle for job {job_id}{where}")
@@ -190,9 +245,12 @@ def show_cmd(ctx: Ctx, job_id: str, node: str | None, as_json: bool) -> None:
 def prune_cmd(
     ctx: Ctx, max_age_days: float | None, max_total_gb: float | None, dry_run: bool, as_json: bool
 ) -> None:
-    """Remove old bundles: older than an age, then the oldest until under a size."""
+    """Remove old bundles: older than an age, then the oldest until under a size. Root and
+    the admin group only."""
+    from slurmhealth import access
     from slurmhealth.evidence import prune
 
+    access.require_admin(ctx.caller(), ctx.rights(), "prune evidence")
     cfg = ctx.config()
     age = cfg.evidence.max_age_days if max_age_days is None else max_age_days
     gb = cfg.evidence.max_total_gb if max_total_gb is None else max_total_gb

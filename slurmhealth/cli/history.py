@@ -1,8 +1,14 @@
 """``slurmhealth history`` (recorded check runs) and ``slurmhealth drains`` (recorded
-drains and resumes), read from every history this host reaches, newest first."""
+drains and resumes), read from every history this host reaches, newest first.
+
+Access (``slurmhealth.access``): ``history`` lists every user's jobs, so only root and the
+admin group may run it without ``--job``; with ``--job`` the job's owner may too. Refusals
+exit 4 in one line. ``drains`` is node-level (the reasons ``sinfo -R`` shows anyone): no
+check beyond the history's file modes."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -12,6 +18,7 @@ from slurmhealth.cli.options import Ctx, json_option, pass_ctx
 from slurmhealth.errors import UsageError
 
 if TYPE_CHECKING:
+    from slurmhealth.access import Rights
     from slurmhealth.config import Config
 
 
@@ -33,6 +40,37 @@ def _history_paths(cfg: Config, node: str | None) -> list[str]:
     return history_paths(cfg, [node] if node else ())
 
 
+def _readable_paths(cfg: Config, node: str | None, rights: Rights, job: str | None) -> list[str]:
+    """The histories to read; a history the caller's file rights keep them out of (root:admin
+    0640 in a 0750 folder) is a one-line refusal, not an empty answer."""
+    from slurmhealth import access
+
+    paths = _history_paths(cfg, node)
+    if paths:
+        return paths
+    folder = os.path.dirname(cfg.db_path(node)) or "."
+    if os.path.isdir(folder) and not os.access(folder, os.R_OK | os.X_OK):
+        hint = f"; `slurmhealth report {job}` reads your job's summary" if job else ""
+        raise access.AccessDenied(
+            f"history {cfg.db_path(node)} is private to {access.who_may(rights)}{hint}"
+        )
+    return []
+
+
+def _check_job_owner(ctx: Ctx, rights: Rights, paths: list[str], job: str) -> None:
+    """A non-admin may read ``--job``'s runs only when the history records them as its owner."""
+    from slurmhealth import access
+    from slurmhealth.history.read import Reader, job_row, owner_uid
+
+    uid: int | None = None
+    user: str | None = None
+    for path in paths:
+        with Reader(path) as db:
+            uid = uid if uid is not None else owner_uid(db, job)
+            user = user or (job_row(db, job) or {}).get("user") or None
+    access.check_job(ctx.caller(), rights, job, uid, user, "history")
+
+
 @click.command()
 @click.option("--node", help="Only runs of this node.")
 @click.option("--job", help="Only runs of this Slurm job id.")
@@ -43,15 +81,25 @@ def _history_paths(cfg: Config, node: str | None) -> list[str]:
 def history(
     ctx: Ctx, node: str | None, job: str | None, since: str | None, limit: int, as_json: bool
 ) -> None:
-    """Show recorded check runs and their findings, newest first."""
+    """Show recorded check runs and their findings, newest first.
+
+    Every job's runs: root and the admin group only. Anyone: --job JOBID of their own job
+    where the history's file modes let them read it (else `slurmhealth report JOBID`)."""
+    from slurmhealth import access
     from slurmhealth.cli import render
     from slurmhealth.history.read import Reader
     from slurmhealth.history.read import runs as history_runs
 
-    cfg = ctx.config()
+    cfg, rights = ctx.config(), ctx.rights()
     start = parse_since(since, time.time())
+    admin = access.is_admin(ctx.caller(), rights)
+    if not admin and job is None:
+        access.require_admin(ctx.caller(), rights, "list every job's runs (use --job JOBID)")
+    paths = _readable_paths(cfg, node, rights, job)
+    if not admin and job is not None:
+        _check_job_owner(ctx, rights, paths, job)
     runs = []
-    for path in _history_paths(cfg, node):
+    for path in paths:
         with Reader(path) as db:  # a reader never creates nor fixes files
             runs += history_runs(db, node=node, job=job, since=start, limit=limit)
     runs = sorted(runs, key=lambda r: r["ts"], reverse=True)[:limit]
@@ -92,7 +140,7 @@ def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:
 
     cfg = ctx.config()
     rows = []
-    for path in _history_paths(cfg, node):
+    for path in _readable_paths(cfg, node, ctx.rights(), None):
         with Reader(path) as db:  # a reader never creates nor fixes files
             rows += drain_rows(db, node=node, limit=limit)
     rows = sorted(rows, key=lambda r: r["ts"], reverse=True)[:limit]

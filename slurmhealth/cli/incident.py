@@ -1,4 +1,8 @@
-"""`slurmhealth incident add|search`: the fault knowledge base (no logic here)."""
+"""`slurmhealth incident add|search`: the fault knowledge base (no logic here).
+
+Who may (``slurmhealth.access``): ``add`` root and the admin group of the system config;
+``search`` anyone -- the knowledge base describes hardware faults, as ``report`` shows a
+job's owner the incidents related to their job."""
 
 from __future__ import annotations
 
@@ -59,12 +63,15 @@ def add(
     tags: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Record an incident for JOBID; the job's nodes, GPUs, Xids and checks are attached."""
+    """Record an incident for JOBID; the job's nodes, GPUs, Xids and checks are attached.
+    Root and the admin group only."""
     import getpass
     from dataclasses import asdict
 
+    from slurmhealth import access
     from slurmhealth.report import incidents
 
+    access.require_admin(ctx.caller(), ctx.rights(), "record incidents")
     cfg = ctx.config()
     inc = incidents.add(
         cfg,

@@ -1,14 +1,18 @@
-"""What the commands share, defined once: the context object that loads the config, the
-``--json`` flag and the ``--gpus`` list."""
+"""What the commands share, defined once: the context object that loads the config and
+the caller's rights (from the root-owned system config only), the ``--json`` flag and the
+``--gpus`` list."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 if TYPE_CHECKING:
+    from slurmhealth.access import Caller, Rights
     from slurmhealth.config import Config
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -21,12 +25,40 @@ class Ctx:
         self.config_path = config_path
         self.db = db
         self.debug = debug
+        self._rights: Rights | None = None
 
     def config(self, flags: Mapping[str, object] | None = None) -> Config:
         """The effective config; ``flags`` maps dotted keys (``node.name``) to values."""
         from slurmhealth.config import load_config
 
-        return load_config(self.config_path, flags={"paths.db": self.db, **(flags or {})})
+        cfg = load_config(self.config_path, flags={"paths.db": self.db, **(flags or {})})
+        return self._mark_rights(cfg)
+
+    def rights(self) -> Rights:
+        """What the root-owned system config grants (never the caller's own config)."""
+        from slurmhealth import access
+
+        if self._rights is None:
+            path = access.system_config_path(self.config_path, os.getuid())
+            self._rights = access.rights_from_system_config(path)
+        return self._rights
+
+    def caller(self) -> Caller:
+        from slurmhealth.access import current_caller
+
+        return current_caller()
+
+    def _mark_rights(self, cfg: Config) -> Config:
+        """``config show`` says when the caller's own ``evidence.admin_group`` grants nothing."""
+        from slurmhealth import access
+
+        key = "evidence.admin_group"
+        source = cfg.sources.get(key)
+        system = access.system_config_path(self.config_path, os.getuid())
+        if source is None or source == system:
+            return cfg
+        note = f"{source} (ignored for access: rights come from {system} only)"
+        return dataclasses.replace(cfg, sources={**cfg.sources, key: note})
 
 
 pass_ctx = click.make_pass_decorator(Ctx)

@@ -54,14 +54,16 @@ def report(
     root cause, how to verify it and where the evidence is.
 
     Reads every node history the config reaches and the shared evidence dir's summaries.
-    Users may read their own jobs; root and the admin group any (else exit 4).
+    Users may read their own jobs; root and the admin group of the root-owned system config
+    any (else exit 4).
     """
     from slurmhealth.report.build import build_report
 
     if as_json + as_markdown + (html_file is not None) > 1:
         raise UsageError("choose one of --json, --markdown, --html")
     cfg = ctx.config()
-    result = build_report(cfg, job_id, window_s=parse_window(window), requester_uid=os.getuid())
+    result = build_report(cfg, job_id, window_s=parse_window(window), requester_uid=os.getuid(),
+                          rights=ctx.rights())  # fmt: skip
     if as_json:
         from slurmhealth.cli.render import print_json
         from slurmhealth.report.render import to_json

@@ -6,21 +6,25 @@ when ``paths.db`` holds ``{node}``, every node's) and the shared evidence dir's
 history wins over its summary. The result is a frozen :class:`Report`; ``report.render``
 prints it for people or as versioned JSON. Times are UTC seconds.
 
-Refusals: a user may read only their own jobs; root and the configured admin group any
-(:class:`PermissionDenied`, exit 4). An unknown job is a :class:`UsageError` (exit 2).
+Refusals (``slurmhealth.access``): a user may read only their own jobs; root and the admin
+group of the root-owned system config any (:class:`PermissionDenied`, exit 4). An unknown
+job is a :class:`UsageError` (exit 2).
 """
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
+import pwd
 import re
 import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from slurmhealth import access
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
@@ -31,17 +35,12 @@ from slurmhealth.report.incidents import Incident
 from slurmhealth.report.sources import NodeEvidence, PastIncident
 
 log = logging.getLogger("slurmhealth.report")
+PermissionDenied = access.AccessDenied  # the requester may not read the job (exit 4)
 
 SCHEMA = "slurmhealth.report/1"
 STRAGGLER_RATIO = 0.75  # a GPU below this share of the job's median utilisation
 BAD = ("fail", "critical")
 _JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
-
-
-class PermissionDenied(UsageError):
-    """The requester may not read this job's report. Exit 4."""
-
-    exit_code = 4
 
 
 @dataclass(frozen=True)
@@ -87,40 +86,6 @@ class Report:
         return Facts(job=self.job, nodes=self.nodes)
 
 
-# -- permission -----------------------------------------------------------------------------
-
-
-def admin_group(cfg: Config) -> str:
-    return str(getattr(getattr(cfg, "evidence", None), "admin_group", "") or "")
-
-
-def check_permission(cfg: Config, job: JobFacts, owner_uid: int | None, requester: int) -> None:
-    import grp
-    import pwd
-
-    if requester == 0:
-        return
-    group = admin_group(cfg)
-    try:
-        me = pwd.getpwuid(requester)
-    except KeyError:
-        me = None
-    if owner_uid is None and job.user:
-        with contextlib.suppress(KeyError):
-            owner_uid = pwd.getpwnam(job.user).pw_uid
-    if owner_uid == requester or (me is not None and job.user and me.pw_name == job.user):
-        return
-    if group and me is not None:
-        with contextlib.suppress(KeyError):
-            g = grp.getgrgid(int(group)) if group.isdigit() else grp.getgrnam(group)
-            if me.pw_name in g.gr_mem or g.gr_gid in os.getgrouplist(me.pw_name, me.pw_gid):
-                return
-    who = job.user or "an unknown user"
-    only = f"only {job.user}, root" if job.user else "only root"
-    only += f" or group {group}" if group else ""
-    raise PermissionDenied(f"job {job.job_id} belongs to {who}; {only} may read its report")
-
-
 # -- assembly -------------------------------------------------------------------------------
 
 
@@ -137,9 +102,12 @@ def build_report(
     *,
     window_s: float | None = None,
     requester_uid: int | None = None,
+    rights: access.Rights | None = None,
     now: float | None = None,
 ) -> Report:
-    """Merge every source about ``job_id`` and diagnose it. ``requester_uid`` None: no check.
+    """Merge every source about ``job_id`` and diagnose it. ``requester_uid`` None: no check;
+    else that user may read it under ``rights`` (from the system config; None: root and
+    the owner only).
 
     Raises :class:`PermissionDenied` (exit 4) or :class:`UsageError` (unknown job, exit 2).
     """
@@ -148,19 +116,18 @@ def build_report(
     job, owner, dbs, unreadable = src.scan(cfg, job_id, summaries)
     try:
         where = [d.path for d in dbs] or read.history_paths(cfg)
-        where = where or [f"{cfg.db_path()} (missing)"]
+        private = not where and _private(cfg.db_path())
+        where = where or [f"{cfg.db_path()} ({'private' if private else 'missing'})"]
         where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
         if job is None and not summaries and not any(d.nodes for d in dbs):
-            if unreadable:  # the job may well be in there: say so, not "no record"
-                raise StoreError("; ".join(f"history {p} cannot be read: {why}"
-                                           for p, why in unreadable.items()))  # fmt: skip
-            raise UsageError(f"no record of job {job_id} in {', '.join(where)}")
+            raise _not_found(cfg, job_id, where, private, unreadable, requester_uid, rights)
         for path, why in unreadable.items():
             log.warning("history %s cannot be read (%s): the report may miss part of job %s",
                         path, why, job_id)  # fmt: skip
         job = job or JobFacts(job_id=job_id)
         if requester_uid is not None:
-            check_permission(cfg, job, owner, requester_uid)
+            owner = owner if owner is not None else _summary_owner(summaries)
+            _check_access(job, owner, requester_uid, rights or access.Rights())
         nodes, sources, evidence = src.read_nodes(cfg, job, dbs, summaries)
         if not job.nodes:
             job = replace(job, nodes=tuple(n.node for n in nodes))
@@ -191,6 +158,71 @@ def build_report(
         searched=tuple(where),
         known_incidents=tuple(_known_incidents(cfg, job_id, facts)),
     )
+
+
+def _not_found(
+    cfg: Config,
+    job_id: str,
+    where: list[str],
+    private: bool,
+    unreadable: dict[str, str],
+    requester_uid: int | None,
+    rights: access.Rights | None,
+) -> Exception:
+    """Why nothing about the job could be read: another's (its evidence folder says whose),
+    a history private to the admins, a history that failed, or no record at all."""
+    rights = rights or access.Rights()
+    folder_owner = _folder_owner(cfg, job_id)
+    if requester_uid is not None and folder_owner is not None:
+        _check_access(JobFacts(job_id=job_id), folder_owner, requester_uid, rights)
+    if private:  # a user's view: the history is root:admin, the summaries theirs
+        return access.AccessDenied(
+            f"no summary of job {job_id} you may read in {where[-1]}, and history "
+            f"{cfg.db_path()} is private to {access.who_may(rights)}"
+        )
+    if unreadable:  # the job may well be in there: say so, not "no record"
+        return StoreError("; ".join(f"history {p} cannot be read: {why}"
+                                    for p, why in unreadable.items()))  # fmt: skip
+    return UsageError(f"no record of job {job_id} in {', '.join(where)}")
+
+
+def _private(path: str) -> bool:
+    """Whether ``path``'s folder exists but this process may not look inside."""
+    folder = os.path.dirname(path) or "."
+    return os.path.isdir(folder) and not os.access(folder, os.X_OK)
+
+
+def _summary_owner(found: src.Summaries) -> int | None:
+    """The job's uid from its summaries: root gives each the job's owner (the folders they
+    sit in are that user's, under a root-owned evidence root), so one non-root owner of them
+    all is the job's."""
+    uids = set()
+    for path, _data in found.values():
+        with contextlib.suppress(OSError):
+            uids.add(os.stat(path).st_uid)
+    return uids.pop() if len(uids) == 1 and 0 not in uids else None
+
+
+def _folder_owner(cfg: Config, job_id: str) -> int | None:
+    """The uid root gave the job's evidence folder (traversable, not listable, by anyone)."""
+    for path in glob.glob(os.path.join(src.evidence_root(cfg, "*"), job_id)):
+        with contextlib.suppress(OSError):
+            uid = os.lstat(path).st_uid
+            if uid != 0:
+                return uid
+    return None
+
+
+def _check_access(job: JobFacts, owner: int | None, uid: int, rights: access.Rights) -> None:
+    """Refuse (exit 4) unless user ``uid`` may read the job owned by ``owner`` (a uid) or,
+    when no uid is known, by ``job.user``; no owner known: root and admins only."""
+    me = access.current_caller() if uid == os.getuid() else access.caller_for_uid(uid)
+    name = job.user or None
+    if name is None and owner is not None:
+        name = f"uid {owner}"
+        with contextlib.suppress(KeyError):
+            name = pwd.getpwuid(owner).pw_name
+    access.check_job(me, rights, job.job_id, owner, name)
 
 
 def _known_incidents(cfg: Config, job_id: str, facts: Facts) -> list[tuple[str, Incident]]:

@@ -60,24 +60,6 @@ def test_an_old_world_readable_db_is_made_private(tmp_path: Path) -> None:
     assert _mode(db) == 0o640
 
 
-@pytest.fixture(scope="session")
-def user() -> Iterator[str]:
-    """An unprivileged user: the cluster's ``shuser``, else a throwaway one."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to act as another user")
-    try:
-        yield pwd.getpwnam("shuser").pw_name
-        return
-    except KeyError:
-        pass
-    name = f"shtest{os.getpid()}"
-    subprocess.run(["useradd", "-M", "-s", "/bin/sh", name], check=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["userdel", name], check=False)
-
-
 def _as(user: str, script: str) -> None:
     subprocess.run(["runuser", "-u", user, "--", "/bin/sh", "-ec", script], check=True, cwd="/")
 
