@@ -20,6 +20,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from slurmhealth.checks.straggler import PEERS_BUSY_PCT, RATIO, stragglers
 from slurmhealth.diagnose.facts import (
     Facts,
     GpuStats,
@@ -53,7 +54,7 @@ _SCHEMA: Mapping[str, Mapping[str, str]] = {
     "finding": {"check!": "names", "min_severity": "sev"},
     "xid": {"code!": "ints", "min_severity": "sev"},
     "gpu_stat": {"field!": "gpu_field", **_CMP, "below_peer_ratio": "num",
-                 "peers_at_least": "num", "agg": "agg"},
+                 "peers_at_least": "num", "straggler": "true", "agg": "agg"},
     "task": {"field!": "task_field", **_CMP},
     "job": {"state": "names", "exit_nonzero": "bool", "signal": "ints", "nodes_at_most": "num"},
     "log": {"source!": "text", "pattern": "regex"},
@@ -61,9 +62,10 @@ _SCHEMA: Mapping[str, Mapping[str, str]] = {
              "verify!": "text", "action!": "text", "confidence!": "ratio", "when!": "matcher",
              "cite": "matchers", "suppressed_by": "sev", "escalate": "bool", "verdict": "text"},
 }
-_NEEDS_ONE = {"gpu_stat": (*_COMPARE, "below_peer_ratio"), "task": tuple(_COMPARE),
+_NEEDS_ONE = {"gpu_stat": (*_COMPARE, "below_peer_ratio", "straggler"), "task": tuple(_COMPARE),
               "job": tuple(_SCHEMA["job"])}
 # fmt: on
+_PEER_KEYS = ("below_peer_ratio", "peers_at_least", "straggler")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
 OPTIONAL = re.compile(r"\{\?((?:[^{}]|\{[A-Za-z_]\w*\})*)\}")  # {? text {name} }
 _LEVELS = {s.label: int(s) for s in Severity}
@@ -229,7 +231,7 @@ def _gpu_value(g: GpuStats, name: str) -> float | None:
 
 
 def _gpu_stat(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
-    name, agg, ratio = o["field"], o.get("agg"), o.get("below_peer_ratio")
+    name, agg = o["field"], o.get("agg")
     values: dict[int, float] = {}
     for g in s.node.gpus or ():
         idx, v = _int(getattr(g, "gpu", None)), _gpu_value(g, name)
@@ -241,18 +243,22 @@ def _gpu_stat(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
             return None
         text = f"{name} {agg} over {len(values)} GPU(s): {v:.4g}"
         return [Hit("sample", text, s.name, values=tag)]
-    hits = []
-    for idx, v in values.items():
-        text = f"GPU {idx} {name} {v:.4g}"
-        if ratio is not None:
-            peers = [w for j, w in values.items() if j != idx]
-            med = float(statistics.median(peers)) if peers else math.nan
-            if not (v < ratio * med and med >= o.get("peers_at_least", -math.inf)):
-                continue
-            text += f" < {ratio:g} x the peers' median {med:.4g}"
-        if _ok(o, v):
-            hits.append(Hit("sample", text, s.name, idx, values=tag))
+    texts = {idx: f"GPU {idx} {name} {v:.4g}" for idx, v in values.items()}
+    ratio, peers = _peer_rule(o)
+    if ratio is not None:  # the straggler rule of the sidecar and the report
+        slow = stragglers(values, ratio, peers)
+        texts = {x.gpu: f"{texts[x.gpu]} < {ratio:g} x the peers' median {x.peers_median:.4g}"
+                 for x in slow}  # fmt: skip
+    hits = [Hit("sample", t, s.name, i, values=tag) for i, t in texts.items() if _ok(o, values[i])]
     return hits or None
+
+
+def _peer_rule(o: Mapping[str, Any]) -> tuple[float | None, float]:
+    """(ratio, the peers' floor) of a peer comparison: ``straggler = true`` is the straggler
+    rule's own (:data:`~slurmhealth.checks.straggler.RATIO`, peers busy); explicit keys win."""
+    rule = "straggler" in o
+    ratio = o.get("below_peer_ratio", RATIO if rule else None)
+    return ratio, o.get("peers_at_least", PEERS_BUSY_PCT if rule else -math.inf)
 
 
 def _task(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
@@ -351,7 +357,7 @@ def matcher(spec: Any, at: str, src: str) -> Matcher:
             o = _options(arg, here, src, _SCHEMA[key])
             if key in _NEEDS_ONE and not any(k in o for k in _NEEDS_ONE[key]):
                 raise ConfigError(src, here, f"needs one of: {', '.join(_NEEDS_ONE[key])}")
-            if "agg" in o and any(k in o for k in ("below_peer_ratio", "peers_at_least")):
+            if "agg" in o and any(k in o for k in _PEER_KEYS):
                 raise ConfigError(src, f"{here}.agg", "does not go with the peer keys")
             parts.append(_bind(_MATCHERS[key], o))
         else:
@@ -390,6 +396,7 @@ _KINDS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "num": (_number(), "a number"),
     "ratio": (_number(0, 1), "a number from 0 to 1"),
     "bool": (lambda v: v if isinstance(v, bool) else None, "true or false"),
+    "true": (lambda v: v if v is True else None, "true (or left out)"),
     "text": (lambda v: v if isinstance(v, str) and v.strip() else None, "a non-empty string"),
     "name": (lambda v: v if re.fullmatch(r"[a-z]\w*", as_text(v)) else None, "a snake_case name"),
     "sev": (lambda v: level_of(v) or None, "one of info, warn, fail, critical"),
