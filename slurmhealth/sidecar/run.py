@@ -212,6 +212,7 @@ class Sidecar:
                         if x.pci_bus_id in by_bus:
                             self._xid_counts[(by_bus[x.pci_bus_id], x.xid)] += 1
                     events += detectors.observe_xids(xids, by_bus, uuids)
+                events += detectors.observe_kernel(klog_read.kernel_events, klog_read.events)
                 if task is None and os.path.isdir(self.files.job_dir):
                     model = next((g.name for g in snapshot.gpus if g.name), None)
                     task = TaskReader(self.files.job_dir, peak_flops(model), len(self.gpus))
