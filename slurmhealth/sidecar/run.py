@@ -26,7 +26,7 @@ from slurmhealth.config import Config
 from slurmhealth.history import rows
 from slurmhealth.model import (
     ExportState,
-    JobLabels,
+    Job,
     XidEvent,
     normalize_pci_bus_id,
 )
@@ -67,7 +67,7 @@ def _write_atomic(path: str, text: str) -> None:
 class Sidecar:
     """The sampling loop and its exporter. ``run()`` blocks until stopped."""
 
-    def __init__(self, cfg: Config, labels: JobLabels, gpus: tuple[int, ...]) -> None:
+    def __init__(self, cfg: Config, labels: Job, gpus: tuple[int, ...]) -> None:
         self.cfg = cfg
         self.labels = labels
         self.gpus = gpus
