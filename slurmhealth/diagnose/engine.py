@@ -31,10 +31,9 @@ from slurmhealth.diagnose.rules import (  # re-exported: the engine's public nam
     Rule,
     Scope,
     as_text,
-    default_rules,
     level_of,
-    load_rules,
 )
+from slurmhealth.diagnose.rules_file import default_rules, load_rules
 from slurmhealth.model import Severity
 
 __all__ = ["LOG_TAIL_LINES", "MAX_CITATIONS", "Rule", "diagnose", "fill", "load_rules", "verdict"]
