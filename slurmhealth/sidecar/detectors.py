@@ -18,6 +18,8 @@ their failing findings become events (``FROM_CHECKS``). The detectors add only t
 - ``straggler`` judges each GPU's mean over ``straggler_window_s`` by
   :func:`slurmhealth.checks.straggler.stragglers`; ``throughput_drop`` and ``step_stall``
   judge what the training loop reported.
+- ``xid`` and ``kernel`` (kernel-log faults without an Xid) are judged per fault as the
+  ``xid`` and ``kernel_log`` checks judge them (:mod:`slurmhealth.sidecar.faults`).
 
 Pure and deterministic: no I/O, no clock reads; time comes from ``snapshot.ts``, the Xid's own
 ``ts`` or an explicit ``now``.
