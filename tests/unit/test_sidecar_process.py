@@ -9,6 +9,7 @@ machine only makes it slower.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 DEADLINE_S = 90.0  # for anything the sidecar must do: generous, only a hung sidecar hits it
@@ -107,25 +108,25 @@ def _wait(what: str, probe: Callable[[], T | None], tick: Callable[[], None] = l
     return found
 
 
-def _query(tmp: Path, sql: str) -> list[dict[str, object]]:
+def _query(tmp: Path, sql: str) -> list[dict[str, Any]]:
     if not (tmp / "history.db").exists():
         return []
     try:
-        with sqlite3.connect(tmp / "history.db", timeout=DEADLINE_S) as conn:
+        with contextlib.closing(sqlite3.connect(tmp / "history.db", timeout=DEADLINE_S)) as conn:
             conn.row_factory = sqlite3.Row
             return [dict(r) for r in conn.execute(sql)]
     except sqlite3.OperationalError:  # the sidecar is creating the schema
         return []
 
 
-def _events(tmp: Path) -> list[dict[str, object]]:
+def _events(tmp: Path) -> list[dict[str, Any]]:
     return _query(tmp, "select * from events order by ts")
 
 
 def _sample_times(tmp: Path) -> list[float]:
     """The sidecar's own clock readings: the ts of each of its GPU snapshots."""
     rows = _query(tmp, "select distinct ts from samples where gpu is not null order by ts")
-    return [float(str(r["ts"])) for r in rows]
+    return [float(r["ts"]) for r in rows]
 
 
 def _epoch(tmp: Path) -> float | None:
@@ -184,8 +185,8 @@ class _TrainingLoop:
         self.bursts += 1
 
 
-def _kinds(tmp: Path) -> dict[str, list[dict[str, object]]]:
-    by_kind: dict[str, list[dict[str, object]]] = {}
+def _kinds(tmp: Path) -> dict[str, list[dict[str, Any]]]:
+    by_kind: dict[str, list[dict[str, Any]]] = {}
     for e in _events(tmp):
         by_kind.setdefault(str(e["kind"]), []).append(e)
     return by_kind
@@ -202,7 +203,7 @@ def test_faults_mid_job_each_give_one_event(tmp_path: Path) -> None:
         loop.slow()
         _wait("every event", lambda: True if expected <= set(_kinds(tmp_path)) else None, loop.tick)
         # a few more samples, in which a second event of any kind would show
-        last = max(float(str(e["ts"])) for e in _events(tmp_path))
+        last = max(float(e["ts"]) for e in _events(tmp_path))
         _wait("3 samples more", lambda: True if _samples_after(tmp_path, last) >= 3 else None,
               loop.tick)  # fmt: skip
     finally:
@@ -214,21 +215,21 @@ def test_faults_mid_job_each_give_one_event(tmp_path: Path) -> None:
     assert samples[0] < epoch + NVLINK_AT, "the faults must come after the first sample"
     (nvlink,) = by_kind["nvlink_down"]
     assert nvlink["gpu"] == 1 and json.loads(str(nvlink["evidence"]))["link"] == 3
-    assert _seen_at(float(str(nvlink["ts"])), epoch + NVLINK_AT, samples), (nvlink, samples)
+    assert _seen_at(float(nvlink["ts"]), epoch + NVLINK_AT, samples), (nvlink, samples)
     (xid,) = by_kind["xid"]
     assert xid["gpu"] == 2 and xid["severity"] == "critical" and "79" in str(xid["message"])
     # the Xid's own time: the kernel log's (the fault's) or the event API's delivery, which
     # comes before the sample after the one that could first see it
-    xid_ts, fault = float(str(xid["ts"])), epoch + XID_AT
+    xid_ts, fault = float(xid["ts"]), epoch + XID_AT
     assert fault - 0.05 <= xid_ts <= [s for s in samples if s >= fault][1], (xid, samples)
     (throttle,) = by_kind["throttle"]  # GPU 3 throttles from the start: sustained 2 s
-    assert throttle["gpu"] == 3 and float(str(throttle["ts"])) == samples[0] + 2.0
+    assert throttle["gpu"] == 3 and float(throttle["ts"]) == samples[0] + 2.0
     (straggler,) = by_kind["straggler"]  # GPU 4 at 40%: once a window of 3 samples is full
     assert straggler["gpu"] == 4 and straggler["severity"] == "warn"
-    assert float(str(straggler["ts"])) in samples[2:]
+    assert float(straggler["ts"]) in samples[2:]
     (drop,) = by_kind["throughput_drop"]
     assert loop.slow_since is not None
-    assert drop["gpu"] is None and float(str(drop["ts"])) >= loop.slow_since
+    assert drop["gpu"] is None and float(drop["ts"]) >= loop.slow_since
 
 
 def _samples_after(tmp: Path, ts: float) -> int:
@@ -249,7 +250,7 @@ def test_all_gpus_idle_is_a_hang(tmp_path: Path) -> None:
     assert list(mapping.iterdir()) == []  # removed when the sidecar stops
     events = _events(tmp_path)
     assert [(e["kind"], e["gpu"], e["severity"]) for e in events] == [("hang", None, "critical")]
-    assert float(str(events[0]["ts"])) == _sample_times(tmp_path)[0] + 3.0  # idle 3 s
+    assert float(events[0]["ts"]) == _sample_times(tmp_path)[0] + 3.0  # idle 3 s
 
 
 def _mapped(mapping: Path) -> list[str]:
