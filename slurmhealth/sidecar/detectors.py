@@ -281,8 +281,9 @@ class Detectors:
         for s in stragglers(power, ratio):
             if s.gpu in busy and s.gpu not in slow:
                 slow[s.gpu] = ("power", s)
-        for g in gpus:
-            if not self._edge("straggler", g.index, g.index in slow):
+        judged = set(peer_medians(util))  # a full window, and peers with one
+        for g in gpus:  # too few samples in the window (a late sampler): unknown, kept as is
+            if g.index not in judged or not self._edge("straggler", g.index, g.index in slow):
                 continue
             metric, lag = slow[g.index]
             unit = "%" if metric == "utilization" else " W"

@@ -210,8 +210,10 @@ def test_faults_mid_job_each_give_one_event(tmp_path: Path) -> None:
         _stop(proc)
     samples = _sample_times(tmp_path)
     by_kind = _kinds(tmp_path)
-    assert set(by_kind) == expected
-    assert all(len(v) == 1 for v in by_kind.values()), by_kind
+    assert set(by_kind) == expected, by_kind
+    twice = {k: [(e["ts"], e["gpu"], e["message"], e["evidence"]) for e in v]
+             for k, v in by_kind.items() if len(v) > 1}  # fmt: skip
+    assert not twice, (twice, epoch, samples)
     assert samples[0] < epoch + NVLINK_AT, "the faults must come after the first sample"
     (nvlink,) = by_kind["nvlink_down"]
     assert nvlink["gpu"] == 1 and json.loads(str(nvlink["evidence"]))["link"] == 3
