@@ -24,7 +24,9 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 DEADLINE_S = 90.0  # for anything the sidecar must do: generous, only a hung sidecar hits it
-NVLINK_AT, XID_AT = 4.0, 5.0  # scenario seconds: after the sidecar's first samples
+# scenario seconds: after the sidecar's first samples (a sidecar that starts later, on a very
+# loaded machine, sees them at its first sample: still the first sample that could)
+NVLINK_AT, XID_AT = 4.0, 5.0
 
 BUSY_WITH_FAULTS = """
 name = "busy-with-faults"
@@ -214,7 +216,6 @@ def test_faults_mid_job_each_give_one_event(tmp_path: Path) -> None:
     twice = {k: [(e["ts"], e["gpu"], e["message"], e["evidence"]) for e in v]
              for k, v in by_kind.items() if len(v) > 1}  # fmt: skip
     assert not twice, (twice, epoch, samples)
-    assert samples[0] < epoch + NVLINK_AT, "the faults must come after the first sample"
     (nvlink,) = by_kind["nvlink_down"]
     assert nvlink["gpu"] == 1 and json.loads(str(nvlink["evidence"]))["link"] == 3
     assert _seen_at(float(nvlink["ts"]), epoch + NVLINK_AT, samples), (nvlink, samples)
