@@ -24,7 +24,7 @@ from prometheus_client import utils as _client_utils
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from slurmhealth.model import CLOCK_EVENT_REASONS, ExportState, GpuState, GpuStatus, JobLabels
+from slurmhealth.model import CLOCK_EVENT_REASONS, ExportState, GpuState, GpuStatus, Job
 
 JOB_LABELS = ("job_id", "user", "account", "partition", "qos", "priority", "node")
 GPU_LABELS = (*JOB_LABELS, "gpu", "uuid", "model")
@@ -135,9 +135,10 @@ def _counter(name: str, doc: str, labels: tuple[str, ...]) -> CounterMetricFamil
     return CounterMetricFamily(P + name, doc, labels=labels)
 
 
-def job_label_values(jl: JobLabels, node: str) -> tuple[str, ...]:
-    """The values of :data:`JOB_LABELS`; ``node`` stands in when the labels carry none."""
-    return (jl.job_id, jl.user, jl.account, jl.partition, jl.qos, jl.priority, jl.node or node)
+def job_label_values(job: Job, node: str) -> tuple[str, ...]:
+    """The values of :data:`JOB_LABELS`; ``node`` stands in when the job names none."""
+    priority = "" if job.priority is None else str(job.priority)
+    return (job.job_id, job.user, job.account, job.partition, job.qos, priority, job.node or node)
 
 
 class SidecarCollector(Collector):

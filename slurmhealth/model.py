@@ -338,19 +338,6 @@ class Job:
 
 
 @dataclass(frozen=True)
-class JobLabels:
-    """The labels every per-GPU series of a job carries (besides node, gpu, uuid, model)."""
-
-    job_id: str
-    user: str = ""
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    priority: str = ""  # a label value: Slurm's integer priority as text
-    node: str = ""
-
-
-@dataclass(frozen=True)
 class TaskStats:
     """What a job's training loop reported through :mod:`slurmhealth.job` (latest window)."""
 
@@ -369,7 +356,7 @@ class ExportState:
     """What one Prometheus scrape of a job's sidecar shows; the sidecar swaps in a new one
     each interval, so a scrape always sees a consistent view."""
 
-    labels: JobLabels
+    labels: Job  # the job whose labels every series carries (metrics.JOB_LABELS)
     snapshot: NodeSnapshot | None = None
     xid_counts: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid) -> n
     event_counts: Mapping[tuple[str, int | None], int] = field(default_factory=dict)

@@ -178,23 +178,29 @@ def run_checks(
     """Run every enabled check for ``ctx.phase``; a crashing check is a warning, not a fail."""
     out: list[Finding] = []
     for spec in enabled(ctx.phase, disabled):
-        th = resolved_thresholds(spec, settings)
-        try:
-            out.extend(spec.fn(ctx, th))
-        except Exception as exc:  # fail open, loudly
-            import traceback
-
-            out.append(
-                Finding(
-                    check=spec.name,
-                    severity=Severity.WARN,
-                    message=f"check crashed: {type(exc).__name__}: {exc}",
-                    action=Action.RECORD,
-                    hint="a slurmhealth bug: report it with this message",
-                    evidence={"traceback": traceback.format_exc(limit=5)},
-                )
-            )
+        out.extend(run_check(spec, ctx, settings))
     return sorted(out, key=Finding.sort_key)
+
+
+def run_check(
+    spec: CheckSpec, ctx: CheckContext, settings: Mapping[str, Mapping[str, float]] | None = None
+) -> list[Finding]:
+    """Run one check with its thresholds; a crash is one warning finding (fail open, loudly)."""
+    try:
+        return spec.fn(ctx, resolved_thresholds(spec, settings))
+    except Exception as exc:
+        import traceback
+
+        return [
+            Finding(
+                check=spec.name,
+                severity=Severity.WARN,
+                message=f"check crashed: {type(exc).__name__}: {exc}",
+                action=Action.RECORD,
+                hint="a slurmhealth bug: report it with this message",
+                evidence={"traceback": traceback.format_exc(limit=5)},
+            )
+        ]
 
 
 def readable(ctx: CheckContext) -> list[GpuState]:

@@ -11,9 +11,11 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from slurmhealth.config import SidecarConfig
+
 K = TypeVar("K", bound=Hashable)  # a GPU: its index, or (node, index) across a job
 
-RATIO = 0.75  # default: below this share of the peers' median (config sidecar.straggler_ratio)
+RATIO = SidecarConfig.straggler_ratio  # default: below this share of the peers' median
 PEERS_BUSY_PCT = 50.0  # the peers' median utilisation at least this: the job is running
 
 

@@ -47,7 +47,7 @@ _SCHEMA: Mapping[str, Mapping[str, str]] = {
     "finding": {"check!": "names", "kind": "names", "level": "names", "min_severity": "sev"},
     "xid": {"code!": "ints", "min_severity": "sev"},
     "gpu_stat": {"field!": "gpu_field", **_CMP, "below_peer_ratio": "num",
-                 "peers_at_least": "num", "agg": "agg"},
+                 "peers_at_least": "num", "straggler": "true", "agg": "agg"},
     "task": {"field!": "task_field", **_CMP},
     "job": {"state": "names", "exit_nonzero": "bool", "signal": "ints", "nodes_at_most": "num"},
     "log": {"source!": "text", "pattern": "regex"},
@@ -55,10 +55,11 @@ _SCHEMA: Mapping[str, Mapping[str, str]] = {
              "verify!": "text", "action!": "text", "confidence!": "ratio", "when!": "matcher",
              "cite": "matchers", "suppressed_by": "sev", "escalate": "bool", "verdict": "text"},
 }
-_NEEDS_ONE = {"gpu_stat": (*COMPARE, "below_peer_ratio"), "task": tuple(COMPARE),
+_NEEDS_ONE = {"gpu_stat": (*COMPARE, "below_peer_ratio", "straggler"), "task": tuple(COMPARE),
               "job": tuple(_SCHEMA["job"])}
 # fmt: on
 _KNOWN = ", ".join([*MATCHERS, "all", "any", "not"])
+_PEER_KEYS = ("below_peer_ratio", "peers_at_least", "straggler")
 
 
 def _join(parts: Sequence[Matcher], every: bool) -> Matcher:
@@ -101,7 +102,7 @@ def matcher(spec: Any, at: str, src: str) -> Matcher:
             o = _options(arg, here, src, _SCHEMA[key])
             if key in _NEEDS_ONE and not any(k in o for k in _NEEDS_ONE[key]):
                 raise ConfigError(src, here, f"needs one of: {', '.join(_NEEDS_ONE[key])}")
-            if "agg" in o and any(k in o for k in ("below_peer_ratio", "peers_at_least")):
+            if "agg" in o and any(k in o for k in _PEER_KEYS):
                 raise ConfigError(src, f"{here}.agg", "does not go with the peer keys")
             parts.append(_bind(MATCHERS[key], o))
         else:
@@ -140,6 +141,7 @@ _KINDS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
     "num": (_number(), "a number"),
     "ratio": (_number(0, 1), "a number from 0 to 1"),
     "bool": (lambda v: v if isinstance(v, bool) else None, "true or false"),
+    "true": (lambda v: v if v is True else None, "true (or left out)"),
     "text": (lambda v: v if isinstance(v, str) and v.strip() else None, "a non-empty string"),
     "name": (lambda v: v if re.fullmatch(r"[a-z]\w*", as_text(v)) else None, "a snake_case name"),
     "sev": (lambda v: level_of(v) or None, "one of info, warn, fail, critical"),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from slurmhealth.checks.straggler import PEERS_BUSY_PCT, RATIO, stragglers
 from slurmhealth.diagnose.facts import (
     Facts,
     GpuStats,
@@ -225,7 +226,7 @@ def _gpu_value(g: GpuStats, name: str) -> float | None:
 
 
 def _gpu_stat(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
-    name, agg, ratio = o["field"], o.get("agg"), o.get("below_peer_ratio")
+    name, agg = o["field"], o.get("agg")
     values: dict[int, float] = {}
     for g in s.node.gpus or ():
         idx, v = _int(getattr(g, "gpu", None)), _gpu_value(g, name)
@@ -237,18 +238,22 @@ def _gpu_stat(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
             return None
         text = f"{name} {agg} over {len(values)} GPU(s): {v:.4g}"
         return [Hit("sample", text, s.name, values=tag)]
-    hits = []
-    for idx, v in values.items():
-        text = f"GPU {idx} {name} {v:.4g}"
-        if ratio is not None:
-            peers = [w for j, w in values.items() if j != idx]
-            med = float(statistics.median(peers)) if peers else math.nan
-            if not (v < ratio * med and med >= o.get("peers_at_least", -math.inf)):
-                continue
-            text += f" < {ratio:g} x the peers' median {med:.4g}"
-        if _ok(o, v):
-            hits.append(Hit("sample", text, s.name, idx, values=tag))
+    texts = {idx: f"GPU {idx} {name} {v:.4g}" for idx, v in values.items()}
+    ratio, peers = _peer_rule(o)
+    if ratio is not None:  # the straggler rule of the sidecar and the report
+        slow = stragglers(values, ratio, peers)
+        texts = {x.gpu: f"{texts[x.gpu]} < {ratio:g} x the peers' median {x.peers_median:.4g}"
+                 for x in slow}  # fmt: skip
+    hits = [Hit("sample", t, s.name, i, values=tag) for i, t in texts.items() if _ok(o, values[i])]
     return hits or None
+
+
+def _peer_rule(o: Mapping[str, Any]) -> tuple[float | None, float]:
+    """(ratio, the peers' floor) of a peer comparison: ``straggler = true`` is the straggler
+    rule's own (:data:`~slurmhealth.checks.straggler.RATIO`, peers busy); explicit keys win."""
+    rule = "straggler" in o
+    ratio = o.get("below_peer_ratio", RATIO if rule else None)
+    return ratio, o.get("peers_at_least", PEERS_BUSY_PCT if rule else -math.inf)
 
 
 def _task(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:

@@ -83,10 +83,11 @@ class _Task:
         self.elapsed = time.monotonic() - self.started
 
 
-@dataclass(frozen=True, kw_only=True)
-class _Job(Job):
-    """The job, plus what its capture's sources share."""
+@dataclass(frozen=True)
+class _Request:
+    """One capture: the job, and what its sources share."""
 
+    job: Job
     cfg: Config
     window: tuple[float, float]
     driver: dict[str, str | None] = field(default_factory=dict)
@@ -106,31 +107,31 @@ def _home(user: str, uid: int | None) -> str:
     return ""
 
 
-def _nvml(job: _Job, task: _Task, deadline: float) -> None:
+def _nvml(req: _Request, task: _Task, deadline: float) -> None:
     from slurmhealth.gpu import open_backend
 
     try:
-        cfg = job.cfg
+        cfg = req.cfg
         timeout = max(0.1, min(cfg.gpu.snapshot_timeout_s, deadline - time.monotonic()))
         cfg = dataclasses.replace(cfg, gpu=dataclasses.replace(cfg.gpu, snapshot_timeout_s=timeout))
         backend = open_backend(cfg)
         try:
-            snap = backend.snapshot(list(job.gpus) or None)
+            snap = backend.snapshot(list(req.job.gpus) or None)
         finally:
             backend.close()
-        job.driver["driver_version"] = snap.driver_version
-        job.driver["nvml_version"] = snap.nvml_version
+        req.driver["driver_version"] = snap.driver_version
+        req.driver["nvml_version"] = snap.nvml_version
         data = json.dumps(dataclasses.asdict(snap), indent=1, default=str) + "\n"
         if not task.out().write(data.encode()):
             task.out().fail(f"NVML dump over {task.cap} bytes; cut")
         if snap.error:
             task.out().fail(snap.error)
     finally:
-        job.nvml_done.set()
+        req.nvml_done.set()
 
 
-def _kernel(job: _Job, task: _Task, deadline: float) -> None:
-    cfg = job.cfg
+def _kernel(req: _Request, task: _Task, deadline: float) -> None:
+    cfg = req.cfg
     source = cfg.kernel_log.source
     if source == "auto":
         source = "kmsg"
@@ -143,14 +144,14 @@ def _kernel(job: _Job, task: _Task, deadline: float) -> None:
     if source == "none":
         task.skip = "kernel_log.source is none"
         return
-    start, end = job.window
+    start, end = req.window
     kernel_excerpt(source, task.out(), deadline, start, end, cfg.evidence.kernel_pattern)
 
 
-def _nccl(job: _Job, task: _Task, deadline: float) -> None:
-    ev = job.cfg.evidence
-    home = _home(job.user, job.uid)
-    values = {"{job_id}": job.job_id, "{user}": job.user, "{home}": home}
+def _nccl(req: _Request, task: _Task, deadline: float) -> None:
+    ev = req.cfg.evidence
+    home = _home(req.job.user, req.job.uid)
+    values = {"{job_id}": req.job.job_id, "{user}": req.job.user, "{home}": home}
     paths: list[str] = []
     for pattern in ev.nccl_globs:
         if any(key in pattern and not value for key, value in values.items()):
@@ -171,13 +172,13 @@ def _nccl(job: _Job, task: _Task, deadline: float) -> None:
         name = _SAFE_CHARS.sub("_", os.path.basename(path)).lstrip(".") or "log"
         while f"nccl/{name}" in task.outputs:
             name = f"_{name}"
-        tail_file(path, task.out(f"nccl/{name}"), ev.nccl_tail_kib * 1024, job.uid)
+        tail_file(path, task.out(f"nccl/{name}"), ev.nccl_tail_kib * 1024, req.job.uid)
 
 
-def _host(job: _Job, task: _Task, deadline: float) -> None:
-    job.nvml_done.wait(max(0.0, deadline - time.monotonic()))
-    lines = [f"driver_version: {job.driver.get('driver_version') or 'unknown'}",
-             f"nvml_version: {job.driver.get('nvml_version') or 'unknown'}",
+def _host(req: _Request, task: _Task, deadline: float) -> None:
+    req.nvml_done.wait(max(0.0, deadline - time.monotonic()))
+    lines = [f"driver_version: {req.driver.get('driver_version') or 'unknown'}",
+             f"nvml_version: {req.driver.get('nvml_version') or 'unknown'}",
              "uname -a: " + " ".join(os.uname())]  # fmt: skip
     for label, path in (("uptime", "/proc/uptime"), ("loadavg", "/proc/loadavg"),
                         ("nvidia driver", "/proc/driver/nvidia/version")):  # fmt: skip
@@ -196,22 +197,22 @@ def _tail(path: str, nbytes: int, uid: int | None) -> Callable[[_Task, float], N
     return run
 
 
-def _rows(db: str, table: str, job: _Job) -> Callable[[_Task, float], None]:
+def _rows(db: str, table: str, req: _Request) -> Callable[[_Task, float], None]:
     def run(task: _Task, deadline: float) -> None:
-        history_rows(db, table, job.job_id, job.node, task.out(), deadline)
+        history_rows(db, table, req.job.job_id, req.job.node, task.out(), deadline)
 
     return run
 
 
 def _plan(
-    job: _Job,
+    req: _Request,
     stdout_path: str | None,
     stderr_path: str | None,
     pids: Sequence[int],
 ) -> tuple[list[_Task], dict[str, str]]:
     import shutil
 
-    cfg, ev = job.cfg, job.cfg.evidence
+    cfg, ev = req.cfg, req.cfg.evidence
     tasks: list[_Task] = []
     skipped: dict[str, str] = {}
 
@@ -224,23 +225,23 @@ def _plan(
 
         return run
 
-    add("nvml", "nvml.json", lambda t, d: _nvml(job, t, d))
+    add("nvml", "nvml.json", lambda t, d: _nvml(req, t, d))
     smi = shutil.which(ev.nvidia_smi)
     if smi:
         add("nvidia-smi", "nvidia-smi-q.txt", cmd([smi, "-q"]))
         add("nvidia-smi-nvlink", "nvidia-smi-nvlink.txt", cmd([smi, "nvlink", "-s", "-e"]))
     else:
         skipped["nvidia-smi"] = f"{ev.nvidia_smi} not found"
-    add("kernel", "kernel.log", lambda t, d: _kernel(job, t, d))
-    add("nccl", "nccl.txt", lambda t, d: _nccl(job, t, d))
+    add("kernel", "kernel.log", lambda t, d: _kernel(req, t, d))
+    add("nccl", "nccl.txt", lambda t, d: _nccl(req, t, d))
     for source, path in (("stdout", stdout_path), ("stderr", stderr_path)):
         if not path:
             skipped[source] = "no path given"
             continue
-        add(source, f"{source}.tail", _tail(path, ev.output_tail_kib * 1024, job.uid))
-    db = cfg.db_path(job.node)
+        add(source, f"{source}.tail", _tail(path, ev.output_tail_kib * 1024, req.job.uid))
+    db = cfg.db_path(req.job.node)
     for table in ("samples", "events"):
-        add(table, f"{table}.jsonl", _rows(db, table, job))
+        add(table, f"{table}.jsonl", _rows(db, table, req))
     py_spy = find_py_spy(ev.py_spy)
     if not pids:
         skipped["stacks"] = "no pids given"
@@ -252,11 +253,11 @@ def _plan(
             ev.source_timeout_s * len(pids))  # fmt: skip
     scontrol = shutil.which(ev.scontrol)
     if scontrol:
-        add("slurm-job", "slurm-job.txt", cmd([scontrol, "show", "job", "-o", job.job_id]))
-        add("slurm-node", "slurm-node.txt", cmd([scontrol, "show", "node", "-o", job.node]))
+        add("slurm-job", "slurm-job.txt", cmd([scontrol, "show", "job", "-o", req.job.job_id]))
+        add("slurm-node", "slurm-node.txt", cmd([scontrol, "show", "node", "-o", req.job.node]))
     else:
         skipped["slurm"] = f"{ev.scontrol} not found"
-    add("host", "host.txt", lambda t, d: _host(job, t, d))
+    add("host", "host.txt", lambda t, d: _host(req, t, d))
     return tasks, skipped
 
 
@@ -316,9 +317,8 @@ def capture(
     path = bundle.bundle_path(cfg, job_id, node)
     window = _window(cfg, created, start_ts, end_ts)
     node_cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, name=node))
-    job = _Job(job_id=job_id, node=node, gpus=tuple(gpus), user=user, uid=uid, cfg=node_cfg,
-               window=window)  # fmt: skip
-    tasks, skipped = _plan(job, stdout_path, stderr_path, pids)
+    job = Job(job_id=job_id, node=node, gpus=tuple(gpus), user=user, uid=uid)
+    tasks, skipped = _plan(_Request(job, node_cfg, window), stdout_path, stderr_path, pids)
     _run(tasks, t0, budget_s)
     entries, blobs = _entries(tasks, time.monotonic())
     skipped.update({t.source: t.skip for t in tasks if t.skip and not t.outputs})

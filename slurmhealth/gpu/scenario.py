@@ -7,6 +7,7 @@ field the same way. Every error names the file and the key.
 
 from __future__ import annotations
 
+import math
 import tomllib
 import uuid as uuidlib
 from collections.abc import Mapping
@@ -185,6 +186,13 @@ def _flatten(prefix: str, table: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _table(src: str, where: str, value: Any) -> dict[str, Any]:
+    """``value`` flattened (see :func:`_flatten`); anything but a table is an error at ``where``."""
+    if not isinstance(value, dict):
+        raise ScenarioError(src, where, f"expected a table, got {value!r}")
+    return _flatten("", value)
+
+
 def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool = False) -> None:
     parts = path.split(".")
     if parts[0] == "nvlink" and len(parts) == 3 and parts[1].isdigit():
@@ -204,12 +212,14 @@ def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool
     )
     if not ok:
         raise ScenarioError(src, f"{where}.{path}", f"expected {tp.__name__}, got {value!r}")
+    if tp in (int, float) and not _finite(value):
+        raise ScenarioError(src, f"{where}.{path}", f"out of range: {value!r}")
     if path == "fabric_state" and value not in FABRIC_STATES:
         raise ScenarioError(src, f"{where}.{path}", f"must be one of {', '.join(FABRIC_STATES)}")
     if path.endswith(".state") and parts[0] == "nvlink" and value not in ("active", "inactive"):
         raise ScenarioError(src, f"{where}.{path}", "must be 'active' or 'inactive'")
     if path == "clock_event_reasons":
-        bad = [r for r in value if r not in CLOCK_REASONS]
+        bad = [r for r in value if not isinstance(r, str) or r not in CLOCK_REASONS]
         if bad:
             raise ScenarioError(src, f"{where}.{path}", f"unknown reason(s) {bad}")
     if path == "processes":
@@ -222,6 +232,13 @@ def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool
         bad = [g for g in value if g not in SUPPORT_GROUPS]
         if bad:
             raise ScenarioError(src, f"{where}.{path}", f"unknown group(s) {bad}")
+
+
+def _finite(value: int | float) -> bool:
+    """A number TOML can hold (64-bit integers) and a float can represent (not nan/inf)."""
+    if isinstance(value, int):
+        return -(2**63) <= value < 2**63
+    return math.isfinite(value)
 
 
 def _gpu_list(src: str, where: str, value: Any, count: int) -> tuple[int, ...] | None:
@@ -241,16 +258,19 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
     for key in raw:
         if key not in known:
             raise ScenarioError(src, f"{where}.{key}", f"unknown key (known: {sorted(known)})")
-    sets = _flatten("", raw.get("set", {}))
-    rates = _flatten("", raw.get("rate", {}))
+    sets = _table(src, f"{where}.set", raw.get("set", {}))
+    rates = _table(src, f"{where}.rate", raw.get("rate", {}))
     for path, value in sets.items():
         _check_field(src, f"{where}.set", path, value)
     for path, value in rates.items():
         _check_field(src, f"{where}.rate", path, value, numeric_only=True)
     at, until, xid = raw.get("at", 0.0), raw.get("until"), raw.get("xid")
-    if isinstance(at, bool) or not isinstance(at, int | float) or at < 0:
+    if isinstance(at, bool) or not isinstance(at, int | float) or not (_finite(at) and at >= 0):
         raise ScenarioError(src, f"{where}.at", "expected seconds >= 0")
-    if until is not None and (not isinstance(until, int | float) or until <= at):
+    if until is not None and (
+        isinstance(until, bool) or not isinstance(until, int | float) or not _finite(until)
+        or until <= at
+    ):  # fmt: skip
         raise ScenarioError(src, f"{where}.until", "expected seconds after 'at'")
     if xid is not None and (isinstance(xid, bool) or not isinstance(xid, int) or xid <= 0):
         raise ScenarioError(src, f"{where}.xid", "expected a positive integer")
@@ -307,7 +327,7 @@ def _build_node(src: str, data: Mapping[str, Any], node: str) -> NodeScenario:
     count = spec.get("gpus", 8)
     if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 64:
         raise ScenarioError(src, "gpus", "expected a GPU count 0..64")
-    all_gpus = _flatten("", spec.get("all_gpus", {}))
+    all_gpus = _table(src, "all_gpus", spec.get("all_gpus", {}))
     per_gpu = spec.get("gpu", {})
     if not isinstance(per_gpu, dict):
         raise ScenarioError(src, "gpu", "expected tables [gpu.N]")
@@ -319,7 +339,7 @@ def _build_node(src: str, data: Mapping[str, Any], node: str) -> NodeScenario:
         state = _preset(preset, node, i)
         for where, table in (
             ("all_gpus", all_gpus),
-            (f"gpu.{i}", _flatten("", per_gpu.get(str(i), {}))),
+            (f"gpu.{i}", _table(src, f"gpu.{i}", per_gpu.get(str(i), {}))),
         ):
             for path, value in table.items():
                 _check_field(src, where, path, value)

@@ -19,12 +19,12 @@ import logging
 import os
 import pwd
 import re
-import statistics
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmhealth import access
+from slurmhealth.checks.straggler import PEERS_BUSY_PCT, stragglers
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
@@ -38,7 +38,6 @@ log = logging.getLogger("slurmhealth.report")
 PermissionDenied = access.AccessDenied  # the requester may not read the job (exit 4)
 
 SCHEMA = "slurmhealth.report/1"
-STRAGGLER_RATIO = 0.75  # a GPU below this share of the job's median utilisation
 BAD = ("fail", "critical")
 _JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
 
@@ -151,7 +150,7 @@ def build_report(
         nodes=facts.nodes,
         sources=tuple(sources),
         timeline=tuple(timeline),
-        stragglers=tuple(_stragglers(facts)),
+        stragglers=tuple(_stragglers(facts, cfg.sidecar.straggler_ratio)),
         diagnoses=tuple(diagnoses),
         evidence=tuple(evidence),
         past_incidents=tuple(incidents),
@@ -280,21 +279,24 @@ def _failure_ts(timeline: list[TimelineEntry], job: JobFacts) -> float | None:
     return job.end_ts if job.end_ts is not None else (timeline[-1].ts if timeline else None)
 
 
-def _stragglers(facts: Facts) -> list[Straggler]:
+def _stragglers(facts: Facts, ratio: float) -> list[Straggler]:
+    """The sidecar's straggler events, and the GPUs whose mean utilisation over the job is a
+    straggler by :func:`slurmhealth.checks.straggler.stragglers` among all the job's GPUs."""
     out: dict[tuple[str, int], Straggler] = {}
     for nf in facts.nodes:
         for e in nf.events:
             if e.get("kind") == "straggler" and e.get("gpu") is not None:
                 key = (nf.node, int(e["gpu"]))
                 out[key] = Straggler(nf.node, key[1], None, None, "event", str(e.get("message")))
-    means = [(nf.node, g) for nf in facts.nodes for g in nf.gpus if g.util_mean is not None]
-    if len(means) >= 3:
-        median = statistics.median(g.util_mean or 0.0 for _, g in means)
-        for node, g in means:
-            if median > 0 and (g.util_mean or 0.0) < STRAGGLER_RATIO * median:
-                text = f"mean utilisation {g.util_mean:.0f}% vs job median {median:.0f}%"
-                old = out.get((node, g.gpu))
-                out[(node, g.gpu)] = Straggler(
-                    node, g.gpu, g.util_mean, median, old.source if old else "stats", text
-                )
+    means = {
+        (nf.node, g.gpu): g.util_mean
+        for nf in facts.nodes
+        for g in nf.gpus
+        if g.util_mean is not None
+    }
+    for s in stragglers(means, ratio, PEERS_BUSY_PCT):
+        (node, gpu), median = s.gpu, s.peers_median
+        text = f"mean utilisation {s.value:.0f}% vs the peers' median {median:.0f}%"
+        old = out.get(s.gpu)
+        out[s.gpu] = Straggler(node, gpu, s.value, median, old.source if old else "stats", text)
     return [out[k] for k in sorted(out)]

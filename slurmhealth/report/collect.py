@@ -13,11 +13,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slurmhealth.checks.thermal import SEVERITY
 from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
 from slurmhealth.history import read
 from slurmhealth.history.read import Series, Source
+from slurmhealth.model import CLOCK_EVENT_REASONS
 
-HW_THROTTLE = {0x8: "hw_slowdown", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x20: "sw_thermal"}
+# the clock-event reasons counted as throttle time: those the clock_events check judges
+HW_THROTTLE = {CLOCK_EVENT_REASONS[name]: name for name in SEVERITY}
 MAX_SERIES = 300  # points per GPU kept for plots
 
 

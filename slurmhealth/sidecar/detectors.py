@@ -18,6 +18,8 @@ their failing findings become events (``FROM_CHECKS``). The detectors add only t
 - ``straggler`` judges each GPU's mean over ``straggler_window_s`` by
   :func:`slurmhealth.checks.straggler.stragglers`; ``throughput_drop`` and ``step_stall``
   judge what the training loop reported.
+- ``xid`` and ``kernel`` (kernel-log faults without an Xid) are judged per fault as the
+  ``xid`` and ``kernel_log`` checks judge them (:mod:`slurmhealth.sidecar.faults`).
 
 Pure and deterministic: no I/O, no clock reads; time comes from ``snapshot.ts``, the Xid's own
 ``ts`` or an explicit ``now``.
@@ -34,14 +36,22 @@ from typing import Any
 from slurmhealth.checks import CheckContext, run_checks
 from slurmhealth.checks.counters import History, remember, window_of
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, peer_medians, stragglers
-from slurmhealth.checks.xid_table import classify
 from slurmhealth.config import Config
-from slurmhealth.model import Finding, GpuState, NodeSnapshot, Severity, TaskStats, XidEvent
-from slurmhealth.model import normalize_pci_bus_id as _norm_bus
+from slurmhealth.model import (
+    Finding,
+    GpuState,
+    KernelEvent,
+    NodeSnapshot,
+    Severity,
+    TaskStats,
+    XidEvent,
+)
+from slurmhealth.sidecar.faults import KernelFaults
 from slurmhealth.sidecar.state import Event
 
 KINDS: Mapping[str, Severity] = {
-    "xid": Severity.INFO,  # per Xid from the catalog (classify): INFO up to CRITICAL
+    "xid": Severity.INFO,  # per Xid from the catalog and the line (judge): INFO to CRITICAL
+    "kernel": Severity.WARN,  # per fault by the kernel_log check: WARN to CRITICAL
     "gpu_lost": Severity.CRITICAL,
     "nvlink_down": Severity.CRITICAL,
     "nvlink_errors": Severity.FAIL,
@@ -54,7 +64,7 @@ KINDS: Mapping[str, Severity] = {
     "throughput_drop": Severity.WARN,
     "step_stall": Severity.FAIL,
 }
-"""Every event kind and its severity (``xid``: the Xid catalog decides per Xid)."""
+"""Every event kind and its severity (``xid``, ``kernel``: decided per fault)."""
 
 FROM_CHECKS: Mapping[str, str] = {
     "gpu_lost": "gpu_lost",
@@ -83,7 +93,6 @@ _KNOWN: Mapping[str, Callable[[GpuState, int | None], bool]] = {
 }
 Key = tuple[int, int | None]  # (GPU, NVLink or None)
 
-XID_DEDUPE_S = 2.0  # the same Xid on the same GPU this close in time: one event (two sources)
 THROUGHPUT_HISTORY = 100  # task throughput values kept for the rolling median
 MIN_THROUGHPUT_VALUES = 5
 MIN_STALL_STEPS = 3
@@ -123,7 +132,7 @@ class Detectors:
         self._counter_window = window_of(cfg.checks.settings)
         self._ecc_last: dict[int, int] = {}
         self._samples: dict[int, deque[tuple[float, float, float | None]]] = {}
-        self._xids_seen: deque[tuple[int, str, float]] = deque(maxlen=64)
+        self._faults = KernelFaults(cfg.checks, self.gpus)
         self._throughput: deque[float] = deque(maxlen=THROUGHPUT_HISTORY)
         self._throughput_metric = ""
         self._task_steps = -1
@@ -272,8 +281,9 @@ class Detectors:
         for s in stragglers(power, ratio):
             if s.gpu in busy and s.gpu not in slow:
                 slow[s.gpu] = ("power", s)
-        for g in gpus:
-            if not self._edge("straggler", g.index, g.index in slow):
+        judged = set(peer_medians(util))  # a full window, and peers with one
+        for g in gpus:  # too few samples in the window (a late sampler): unknown, kept as is
+            if g.index not in judged or not self._edge("straggler", g.index, g.index in slow):
                 continue
             metric, lag = slow[g.index]
             unit = "%" if metric == "utilization" else " W"
@@ -293,8 +303,10 @@ class Detectors:
         uuid_by_gpu: Mapping[int, str | None] | None = None,
         now: float | None = None,
     ) -> list[Event]:
-        """One ``xid`` event per Xid, severity from the Xid catalog (application Xids are
-        INFO, node Xids FAIL/CRITICAL: every Xid is recorded, the severity says what matters).
+        """One ``xid`` event per Xid, judged by the Xid catalog and the line's own verdict
+        (:func:`~slurmhealth.checks.xid_table.judge`: application Xids INFO, node Xids
+        FAIL/CRITICAL, a contained one WARN: every Xid is recorded, the severity says what
+        matters).
 
         ``gpu_by_bus`` maps PCI bus ids (any spelling) to GPU indices (the job's or the whole
         node's). An Xid on a GPU that is not the job's is skipped; so is one on an unmapped
@@ -303,46 +315,22 @@ class Detectors:
         log both delivered it) is one event. ``ts`` is the Xid's own time, else ``now``, else
         the last snapshot's.
         """
-        if "xid" in self._checks.disabled:
+        ts = self._default_ts(now)
+        return self._faults.xids(xids, gpu_by_bus, uuid_by_gpu or {}, ts, self._last)
+
+    def observe_kernel(
+        self, events: Sequence[KernelEvent], xids: Sequence[XidEvent] = (), now: float | None = None
+    ) -> list[Event]:
+        """One ``kernel`` event per kernel-log fault without an Xid (fallen off the bus, GSP
+        timeout, init failure, SXid, PCIe AER) on the job's GPUs or the node, judged by the
+        ``kernel_log`` check; ``xids`` are those of the same read (an acting Xid covers the
+        other faults of its GPU). Needs a snapshot first (which GPUs are the job's)."""
+        if self._last is None:
             return []
-        buses: dict[str, int] = {}
-        for bus, idx in gpu_by_bus.items():
-            try:
-                buses[_norm_bus(bus)] = idx
-            except ValueError:
-                continue
-        covered = set(self.gpus) <= set(buses.values())
-        for x in xids:
-            try:
-                bus = _norm_bus(x.pci_bus_id)
-            except ValueError:
-                bus = x.pci_bus_id
-            gpu = buses.get(bus)
-            if self.gpus and (gpu not in self.gpus if gpu is not None else covered):
-                continue
-            last_ts = 0.0 if self._last is None else self._last.ts
-            ts = x.ts if x.ts is not None else now if now is not None else last_ts
-            seen = self._xids_seen
-            if any(n == x.xid and b == bus and abs(t - ts) <= XID_DEDUPE_S for n, b, t in seen):
-                continue
-            seen.append((x.xid, bus, ts))
-            state = None if gpu is None or self._last is None else self._last.gpu(gpu)
-            info = classify(x.xid, None if state is None else state.remap_pending)
-            where = f"GPU {gpu}" if gpu is not None else f"PCI {bus}"
-            evidence = {
-                "xid": x.xid,
-                "name": info.name,
-                "action": info.action.value,
-                "hint": info.hint,
-                "pci_bus_id": bus,
-                "pid": x.pid,
-                "process_name": x.process_name,
-                "text": x.message,
-            }
-            uuid = None if gpu is None else (uuid_by_gpu or {}).get(gpu)
-            msg = f"Xid {x.xid} {info.name} on {where}"
-            self._out.append(Event(ts, "xid", info.severity, msg, gpu, uuid, evidence))
-        return self._take()
+        return self._faults.kernel(events, xids, self._last, self._default_ts(now))
+
+    def _default_ts(self, now: float | None) -> float:
+        return now if now is not None else 0.0 if self._last is None else self._last.ts
 
     # -- task metrics ------------------------------------------------------------------------
 

@@ -14,23 +14,11 @@ import time
 from dataclasses import asdict
 
 from slurmhealth.config import Config
-from slurmhealth.model import Job, JobLabels
+from slurmhealth.model import Job
 from slurmhealth.sidecar.run import SidecarFiles
 
 log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"
-
-
-def labels_of(job: Job) -> JobLabels:
-    return JobLabels(
-        job_id=job.job_id,
-        user=job.user,
-        account=job.account,
-        partition=job.partition,
-        qos=job.qos,
-        priority="" if job.priority is None else str(job.priority),
-        node=job.node,
-    )
 
 
 def start_sidecar(cfg: Config, job: Job) -> int | None:
@@ -42,7 +30,7 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
         if job.uid is not None:
             os.chown(files.job_dir, job.uid, -1)
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
-        env = {**os.environ, LABELS_ENV: json.dumps(asdict(labels_of(job)))}
+        env = {**os.environ, LABELS_ENV: json.dumps(asdict(job))}
         cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
         if job.gpus:
             cmd += ["--gpus", ",".join(map(str, job.gpus))]

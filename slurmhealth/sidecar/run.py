@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.history import Batch, History, rows
-from slurmhealth.model import ExportState, JobLabels, XidEvent, normalize_pci_bus_id
+from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.state import Event
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
@@ -95,7 +95,7 @@ _life = logging.getLogger("slurmhealth.sidecar.lifecycle")
 class Sidecar:
     """The sampling loop and its exporter. ``run()`` blocks until stopped."""
 
-    def __init__(self, cfg: Config, labels: JobLabels, gpus: tuple[int, ...]) -> None:
+    def __init__(self, cfg: Config, labels: Job, gpus: tuple[int, ...]) -> None:
         self.cfg = cfg
         self.labels = labels
         self.gpus = gpus
@@ -276,6 +276,7 @@ class Sidecar:
                         if x.pci_bus_id in by_bus:
                             self._xid_counts[(by_bus[x.pci_bus_id], x.xid)] += 1
                     events += detectors.observe_xids(xids, by_bus, uuids)
+                events += detectors.observe_kernel(klog_read.kernel_events, klog_read.events)
                 if task is None and os.path.isdir(self.files.job_dir):
                     model = next((g.name for g in snapshot.gpus if g.name), None)
                     task = TaskReader(self.files.job_dir, peak_flops(model), len(self.gpus))

@@ -1,7 +1,9 @@
 """The sidecar's own record: an :class:`Event` a detector noticed while the job ran.
 
-``JobLabels``, ``TaskStats`` and ``ExportState`` live in :mod:`slurmhealth.model` (the
-metrics exposition reads them too); they are re-exported here for older imports.
+``TaskStats`` and ``ExportState`` live in :mod:`slurmhealth.model` (the metrics exposition
+reads them too). The job's labels are its :class:`~slurmhealth.model.Job` (the metrics take
+it directly); ``JobLabels`` is that same type under its old name, kept only for
+``slurmhealth/cli.py``'s import until the CLI moves into its package.
 """
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmhealth.model import ExportState, JobLabels, Severity, TaskStats
+from slurmhealth.model import ExportState, Job, Severity, TaskStats
+
+JobLabels = Job  # the old name (cli.py's import); one job record
 
 __all__ = ["Event", "ExportState", "JobLabels", "TaskStats"]
 

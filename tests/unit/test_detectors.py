@@ -261,6 +261,14 @@ def test_straggler_gpu_3_at_60_percent_vs_peers_at_95() -> None:
     assert ev.evidence["mean"] == 60.0 and ev.evidence["peers_median"] == 95.0
 
 
+def test_a_late_sampler_does_not_make_a_straggler_fire_twice() -> None:
+    # samples stretched to 12 s (a loaded node) leave fewer than the window's 30 samples
+    # within 300 s: the condition is unknown then, neither cleared nor fired again
+    times = [*range(0, 400, 10), *range(400, 800, 12), *range(800, 1200, 10)]
+    events = run(detectors(), times, lambda t: snap(t, g3=gpu(3, 60.0)))
+    assert [(e.kind, e.gpu, e.ts) for e in events] == [("straggler", 3, T0 + 290)]
+
+
 def test_no_straggler_at_92_vs_95_or_when_peers_are_idle() -> None:
     assert run(detectors(), range(0, 900, 10), lambda t: snap(t, g3=gpu(3, 92.0))) == []
 

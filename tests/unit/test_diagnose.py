@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slurmhealth.checks.straggler import PEERS_BUSY_PCT, RATIO, stragglers
 from slurmhealth.checks.xid_table import classify
 from slurmhealth.diagnose import engine
 from slurmhealth.diagnose.engine import diagnose, fill, load_rules, verdict
@@ -150,6 +151,7 @@ def test_rule_fires_alone(rule: str) -> None:
         ("nvlink_degraded", node(logs={"nccl": "NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM"}), {}),
         ("nvlink_degraded", node(logs={"nccl": "NCCL INFO Channel 00 : 0 -> 1 via NET/IB/0"}), {}),
         ("thermal_or_power_throttling", node(events=(event("throttle", 3),)), {}),
+        ("thermal_or_power_throttling", node(events=(event("thermal", 3),)), {}),  # sidecar
         ("thermal_or_power_throttling", node(findings=(finding("thermal_margin", 3),)), {}),
         ("pcie_downgraded", node(findings=(finding("pcie_link", 3, severity="warn"),)), {}),
         ("straggler_gpu", node(events=(event("straggler", 6, severity="warn"),)), {}),
@@ -344,9 +346,14 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
         ("confidence = 0.95", "confidence = 1.5", "rule[0].confidence"),
         ('name = "uncorrectable_memory"', 'name = "gpu_fell_off_bus"', "rule[1].name"),
         (
-            'field = "util_mean", below',
-            'field = "util_avg", below',
+            'field = "util_mean", straggler',
+            'field = "util_avg", straggler',
             "rule[6].when.any[1].gpu_stat.field",
+        ),
+        (
+            'field = "util_mean", straggler = true',
+            'field = "util_mean", straggler = false',
+            "rule[6].when.any[1].gpu_stat.straggler",
         ),
         (
             'pattern = "Out of memory',
@@ -497,3 +504,36 @@ def test_thousands_of_rows() -> None:
     assert len(ds) > 20
     assert all(len(d.citations) <= engine.MAX_CITATIONS for d in ds)
     # speed is measured by benchmarks/report_latency.py, not by a timed test
+
+
+# -- one straggler rule: the diagnosis, the report and the sidecar agree ------------------------
+
+
+@pytest.mark.parametrize(
+    ("share", "peers", "slow"),
+    [
+        (RATIO - 0.01, 92.0, True),  # just below the ratio of busy peers' median
+        (RATIO + 0.01, 92.0, False),
+        (0.2, 40.0, False),  # peers not busy (PEERS_BUSY_PCT): the job was not running
+    ],
+)
+def test_report_and_diagnosis_judge_stragglers_by_the_sidecars_rule(
+    share: float, peers: float, slow: bool
+) -> None:
+    from slurmhealth.report.build import _stragglers
+
+    f = facts(node(gpus=gpus(util=peers, **{"7": {"util_mean": share * peers}})))
+    assert ("straggler_gpu" in rules_of(diagnose(f))) is slow
+    assert [(s.node, s.gpu) for s in _stragglers(f, RATIO)] == ([("n1", 7)] if slow else [])
+    assert [s.gpu for s in stragglers({g.gpu: g.util_mean or 0.0 for g in f.nodes[0].gpus},
+                                      RATIO, PEERS_BUSY_PCT)] == ([7] if slow else [])  # fmt: skip
+
+
+def test_report_stragglers_compare_gpus_across_the_jobs_nodes() -> None:
+    from slurmhealth.report.build import _stragglers
+
+    slow_node = node("n2", gpus=gpus(n=2, util=92.0, **{"1": {"util_mean": 50.0}}))
+    f = facts(node("n1", gpus=gpus(n=2, util=92.0)), slow_node)
+    (s,) = _stragglers(f, RATIO)
+    assert (s.node, s.gpu, s.util_mean, s.peer_median, s.source) == ("n2", 1, 50.0, 92.0, "stats")
+    assert _stragglers(f, 0.5) == []  # the site's sidecar.straggler_ratio decides

@@ -16,7 +16,7 @@ from slurmhealth.model import (
     ExportState,
     GpuState,
     GpuStatus,
-    JobLabels,
+    Job,
     NodeSnapshot,
     NvLink,
     TaskStats,
@@ -24,8 +24,8 @@ from slurmhealth.model import (
 from tests.prometheus_util import promtool
 
 GIB = 1024**3
-LABELS = JobLabels(
-    job_id="4242", user="alice", account="ml", partition="gpu", qos="normal", priority="1000"
+LABELS = Job(
+    job_id="4242", node="", user="alice", account="ml", partition="gpu", qos="normal", priority=1000
 )
 
 EXPECTED_NAMES = {

@@ -19,9 +19,9 @@ def test_close_to_the_peers_or_peers_idle_is_no_straggler() -> None:
 
 
 def test_the_gpu_itself_is_not_among_its_peers() -> None:
-    # with themselves in the median (50, 50, 80, 80 -> 65) neither would lag 0.75 x 65
+    # with themselves in the median (50, 50, 80, 80 -> 65) neither (50) would lag RATIO x 65 = 48.75
     values = {0: 50.0, 1: 50.0, 2: 80.0, 3: 80.0}
-    assert [(s.gpu, s.peers_median) for s in stragglers(values, 0.75)] == [(0, 80.0), (1, 80.0)]
+    assert [(s.gpu, s.peers_median) for s in stragglers(values, RATIO)] == [(0, 80.0), (1, 80.0)]
 
 
 def test_needs_two_gpus_and_works_across_nodes() -> None:

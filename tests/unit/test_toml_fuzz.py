@@ -139,33 +139,26 @@ def _scenario_bases() -> list[dict[str, Any]]:
     return [tomllib.loads(p.read_text()) for p in sorted((REPO / "scenarios").glob("*.toml"))]
 
 
-SCENARIO_CRASHES = pytest.mark.xfail(
-    strict=True,
-    reason="gpu/scenario.py (not this branch's): a scalar where a table is expected "
-    "(all_gpus, gpu.N, faults.set/rate) raises AttributeError in _flatten, an array in "
-    "clock_event_reasons raises TypeError; when fixed, drop this mark",
-)
-
-
-@SCENARIO_CRASHES
 @pytest.mark.parametrize(
-    "text",
+    ("text", "key"),
     [
-        "all_gpus = 1\n",
-        "gpus = 2\n[gpu]\n0 = 5\n",
-        "gpus = 1\n[gpu.0]\nclock_event_reasons = [[1]]\n",
-        "[[faults]]\nset = 3\n",
-        '[[faults]]\nrate = "x"\n',
+        ("all_gpus = 1\n", "all_gpus"),
+        ("gpus = 2\n[gpu]\n0 = 5\n", "gpu.0"),
+        ("gpus = 1\n[gpu.0]\nclock_event_reasons = [[1]]\n", "gpu.0.clock_event_reasons"),
+        ("[[faults]]\nset = 3\n", "faults[0].set"),
+        ('[[faults]]\nrate = "x"\n', "faults[0].rate"),
+        ("[[faults]]\nat = 1e999\nxid = 79\n", "faults[0].at"),
     ],
 )
-def test_scenario_shapes_found_by_fuzzing(tmp_path: Path, text: str) -> None:
+def test_scenario_shapes_found_by_fuzzing(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "scenario.toml"
     path.write_text(text)
-    with pytest.raises(ScenarioError):
+    with pytest.raises(ScenarioError) as err:
         scenario.load_scenario(str(path))
+    assert (err.value.source, err.value.key) == (str(path), key)
+    assert str(err.value).startswith(f"scenario {path}: {key}: ")
 
 
-@SCENARIO_CRASHES
 def test_scenario_loader_fuzz(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     rng = random.Random(13)
     bases = _scenario_bases()
