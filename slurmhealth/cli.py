@@ -382,6 +382,7 @@ def nodes(ctx: Ctx, as_json: bool) -> None:
 def _register_subcommands() -> None:
     from slurmhealth.cli_baseline import baseline, validate
     from slurmhealth.cli_evidence import evidence
+    from slurmhealth.cli_exporter import exporter
     from slurmhealth.cli_incident import incident
     from slurmhealth.cli_report import report
     from slurmhealth.cli_xid import xid
@@ -392,6 +393,7 @@ def _register_subcommands() -> None:
     cli.add_command(incident)
     cli.add_command(evidence)
     cli.add_command(xid)
+    cli.add_command(exporter)
 
 
 _register_subcommands()

@@ -93,9 +93,8 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
             outcome = f"sidecar {pid} killed after {cfg.sidecar.stop_grace_s:g} s"
         else:
             outcome = f"sidecar {pid} stopped"
-    for path in (files.pid, files.port, files.file_sd):
-        if path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+    for path in (files.pid, files.export):  # a killed sidecar's series go with its file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     shutil.rmtree(files.job_dir, ignore_errors=True)
     return outcome

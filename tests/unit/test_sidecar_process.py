@@ -53,12 +53,8 @@ db = "{tmp}/history.db"
 run_dir = "{tmp}/run"
 [sidecar]
 interval_s = 1.0
-bind = "127.0.0.1"
-port_min = 39450
-port_max = 39499
 job_check_interval_s = 100000
 dcgm_job_mapping_dir = "{tmp}/dcgm-job-mapping"
-file_sd_dir = "{tmp}/file_sd"
 throttle_sustain_s = 2.0
 straggler_window_s = 3.0
 hang_after_s = {hang_after}
@@ -137,14 +133,23 @@ def test_faults_mid_job_each_give_one_event(tmp_path: Path) -> None:
 def test_all_gpus_idle_is_a_hang(tmp_path: Path) -> None:
     proc = _start(tmp_path, ALL_IDLE, "502", hang_after=3)
     mapping = tmp_path / "dcgm-job-mapping"
+    export = tmp_path / "run" / "export"
     try:
         time.sleep(6)
         # dcgm-exporter's HPC job mapping: one file per GPU index holding the job id
         assert sorted(p.name for p in mapping.iterdir()) == [str(i) for i in range(8)]
         assert {p.read_text().strip() for p in mapping.iterdir()} == {"502"}
+        # the job's series, published for the node's exporter (root-only directory)
+        assert [p.name for p in export.iterdir()] == ["job-502.json"]
+        assert export.stat().st_mode & 0o027 == 0
+        state = json.loads((export / "job-502.json").read_text())
+        assert state["pid"] == proc.pid and time.time() - state["ts"] < 3
+        names = {f["name"] for f in state["families"] if f["samples"]}
+        assert {"slurmhealth_gpu_utilization_ratio", "slurmhealth_job_info"} <= names
     finally:
         _stop(proc)
     assert list(mapping.iterdir()) == []  # removed when the sidecar stops
+    assert list(export.iterdir()) == []
     events = _events(tmp_path)
     assert [(e["kind"], e["gpu"], e["severity"]) for e in events] == [("hang", None, "critical")]
     assert 3 <= float(events[0]["ts"]) - _epoch(tmp_path) <= 5.5

@@ -1,0 +1,26 @@
+"""`slurmhealth exporter`: the node's one scrape target (logic in slurmhealth.exporter)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("exporter")
+@click.option("--once", is_flag=True, help="Write the textfile (or print the exposition) once.")
+@click.option("--port", type=int, help="Port of /metrics (overrides metrics.port; 0: none).")
+@click.option("--textfile-dir", help="node_exporter textfile dir (overrides metrics.textfile_dir).")
+@click.pass_obj
+def exporter(ctx: object, once: bool, port: int | None, textfile_dir: str | None) -> None:
+    """Serve this node's health and every running job's series on one fixed port
+    (metrics.port) and/or in node_exporter's textfile dir; runs until SIGTERM."""
+    import sys
+
+    from slurmhealth.config import load_config
+    from slurmhealth.exporter import ConfigWatch, run
+
+    flags = {"metrics.port": port, "metrics.textfile_dir": textfile_dir}
+    config_path = getattr(ctx, "config_path", None)
+    db = getattr(ctx, "db", None)
+    load_config(config_path, flags={"paths.db": db, **flags})  # a broken config: exit 2 now
+    watch = ConfigWatch(lambda: load_config(config_path, flags={"paths.db": db, **flags}))
+    sys.exit(run(watch, once=once))
