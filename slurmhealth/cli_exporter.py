@@ -13,14 +13,19 @@ import click
 def exporter(ctx: object, once: bool, port: int | None, textfile_dir: str | None) -> None:
     """Serve this node's health and every running job's series on one fixed port
     (metrics.port) and/or in node_exporter's textfile dir; runs until SIGTERM."""
+    import os
     import sys
 
     from slurmhealth.config import load_config
     from slurmhealth.exporter import ConfigWatch, run
 
-    flags = {"metrics.port": port, "metrics.textfile_dir": textfile_dir}
-    config_path = getattr(ctx, "config_path", None)
-    db = getattr(ctx, "db", None)
-    load_config(config_path, flags={"paths.db": db, **flags})  # a broken config: exit 2 now
-    watch = ConfigWatch(lambda: load_config(config_path, flags={"paths.db": db, **flags}))
+    flags = {"paths.db": getattr(ctx, "db", None), "metrics.port": port,
+             "metrics.textfile_dir": textfile_dir}  # fmt: skip
+    path = getattr(ctx, "config_path", None)
+    watch = ConfigWatch(
+        lambda: load_config(path, flags=flags),
+        # a config that does not load: the defaults and the environment, so the node's
+        # fail-opens (SLURMHEALTH_FAIL_OPEN_LOG) are still counted and served
+        fallback=lambda: load_config(os.devnull, flags=flags),
+    )
     sys.exit(run(watch, once=once))

@@ -215,6 +215,7 @@ ENV_KEYS: dict[str, str] = {
     "SLURMHEALTH_RUN_DIR": "paths.run_dir",
     "SLURMHEALTH_KERNEL_LOG": "kernel_log.source",
     "SLURMHEALTH_POLICY": "policy.mode",
+    "SLURMHEALTH_FAIL_OPEN_LOG": "metrics.fail_open_log",  # the hook wrappers' setting
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {

@@ -40,10 +40,15 @@ RELOAD_S = 5.0
 
 class ConfigWatch:
     """The config as ``load()`` builds it, at most ``every_s`` old; when it stops loading,
-    the last good one (or the defaults) and ``valid`` False."""
+    the last good one (or ``fallback()``'s, or the defaults) and ``valid`` False."""
 
-    def __init__(self, load: Callable[[], Config], every_s: float = RELOAD_S) -> None:
-        self._load, self._every = load, every_s
+    def __init__(
+        self,
+        load: Callable[[], Config],
+        every_s: float = RELOAD_S,
+        fallback: Callable[[], Config] = Config,
+    ) -> None:
+        self._load, self._every, self._fallback = load, every_s, fallback
         self._cfg: Config | None = None
         self._valid = True
         self._at = -1e18
@@ -59,7 +64,16 @@ class ConfigWatch:
                     if self._valid:
                         log.error("config does not load (hooks fail open): %s", exc)
                     self._valid = False
+                    if self._cfg is None:
+                        self._cfg = self._safe_fallback()
             return (self._cfg or Config()), self._valid
+
+    def _safe_fallback(self) -> Config:
+        try:
+            return self._fallback()
+        except ConfigError as exc:
+            log.error("the environment's settings do not load either: %s", exc)
+            return Config()
 
 
 class NodeCollector(Collector):
