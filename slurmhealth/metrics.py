@@ -5,8 +5,8 @@ Names follow dcgm-exporter's semantics under the ``slurmhealth_`` prefix with ba
 "unknown / not supported": no sample is exported, never a 0.
 
 The cardinality budget (docs/metrics.md): per-GPU series carry only :data:`GPU_LABELS`; the
-job's other facts (account, partition, QOS, name, GPUs) are on one ``slurmhealth_job_info``
-series to join with ``group_left``; the GPU model on one ``slurmhealth_gpu_info`` per GPU.
+job's other facts (account, partition, QOS, name, GPUs and their model) are on one
+``slurmhealth_job_info`` series to join with ``group_left``.
 NVLinks are summed per GPU (errors by counter, links down) unless ``per_link_nvlink``.
 In ``mode="dcgm"`` dcgm-exporter owns the GPU counters: only health, Xids, events, job and
 task series are built here.
@@ -33,7 +33,7 @@ __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "rend
 
 JOB_LABELS = ("job_id", "user", "priority", "node")
 GPU_LABELS = (*JOB_LABELS, "gpu", "uuid")
-INFO_LABELS = (*JOB_LABELS, "account", "partition", "qos", "job_name", "gpus")
+INFO_LABELS = (*JOB_LABELS, "account", "partition", "qos", "job_name", "gpus", "gpu_model")
 MODES = ("slurmhealth", "dcgm")
 
 
@@ -113,26 +113,25 @@ _HELP = {
     "gpu_up": "1 when the GPU answers NVML normally, else 0; `status` says why (nvidia-smi -q "
     "readable or not, DCGM health).",
     "clock": "1 while the clock event reason holds clocks down (nvidia-smi "
-    "clocks_event_reasons.*, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS bits).",
+    "clocks_event_reasons.*, DCGM_FI_DEV_CLOCK_THROTTLE_REASONS bits); reasons that do "
+    "not hold have no series (the cardinality budget).",
     "nvlink_up": "1 when the NVLink is active, 0 when inactive (nvidia-smi nvlink -s).",
     "nvlink": "NVLink error counters of one link (nvidia-smi nvlink -e, "
     "DCGM_FI_DEV_NVLINK_{REPLAY,RECOVERY,CRC_FLIT,CRC_DATA}_ERROR_COUNT_L*).",
     "nvlink_sum": "NVLink error counters summed over the GPU's links (nvidia-smi nvlink -e, "
     "DCGM_FI_DEV_NVLINK_{REPLAY,RECOVERY,CRC_FLIT,CRC_DATA}_ERROR_COUNT_TOTAL).",
     "links_down": "NVLinks of the GPU that are inactive (nvidia-smi nvlink -s).",
-    "links": "NVLinks the GPU reports (nvidia-smi nvlink -s).",
-    "gpu_info": "The GPU's model, value 1 (nvidia-smi name).",
     "ecc": "Uncorrectable ECC errors (nvidia-smi ecc.errors.uncorrected.volatile/aggregate.total, "
     "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL / DCGM_FI_DEV_ECC_DBE_AGG_TOTAL).",
     "remap": "Rows remapped (nvidia-smi -q Remapped Rows, DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS / "
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS).",
     "info": "Slurm job running on this node, value 1: its account, partition, QOS and name, "
-    "and `gpus`, its GPU indices (scontrol show job). Join with group_left.",
+    "`gpus`, its GPU indices (scontrol show job), `gpu_model` (nvidia-smi name). Join with "
+    "group_left.",
     "xid": "Xid errors seen in the kernel log per GPU and Xid (dmesg NVRM: Xid, "
     "DCGM_FI_DEV_XID_ERRORS).",
     "events": "Events the sidecar's detectors raised, by kind and GPU (gpu is empty for "
     "job-level events).",
-    "start": "Unix time the sidecar started.",
 }
 
 P = "slurmhealth_"
@@ -166,11 +165,9 @@ class _GpuFamilies:
             [(_counter(n, d, GPU_LABELS), g) for n, d, g in _GPU_COUNTERS] if full else []
         )
         self.up = _gauge("gpu_up", _HELP["gpu_up"], (*GPU_LABELS, "status"))
-        self.info = _gauge("gpu_info", _HELP["gpu_info"], (*GPU_LABELS, "model"))
         self.clock = _gauge("gpu_clock_event_active", _HELP["clock"], (*GPU_LABELS, "reason"))
         self.ecc = _counter("gpu_ecc_uncorrectable_errors", _HELP["ecc"], (*GPU_LABELS, "scope"))
         self.remap = _counter("gpu_remapped_rows", _HELP["remap"], (*GPU_LABELS, "kind"))
-        self.links = _gauge("gpu_nvlink_links", _HELP["links"], GPU_LABELS)
         self.down = _gauge("gpu_nvlink_links_down", _HELP["links_down"], GPU_LABELS)
         self.err_sum = _counter("gpu_nvlink_errors", _HELP["nvlink_sum"], (*GPU_LABELS, "counter"))
         self.link_up = _gauge("gpu_nvlink_link_up", _HELP["nvlink_up"], (*GPU_LABELS, "link"))
@@ -178,10 +175,8 @@ class _GpuFamilies:
             "gpu_nvlink_link_errors", _HELP["nvlink"], (*GPU_LABELS, "link", "counter")
         )
 
-    def add(self, g: GpuState, lv: tuple[str, ...], model: str) -> None:
+    def add(self, g: GpuState, lv: tuple[str, ...]) -> None:
         self.up.add_metric((*lv, g.status.value), 1.0 if g.status is GpuStatus.OK else 0.0)
-        if model:
-            self.info.add_metric((*lv, model), 1.0)
         if not self.full:
             return
         for fam, get in self.gauges:
@@ -192,7 +187,8 @@ class _GpuFamilies:
                 cfam.add_metric(lv, v)
         if (bits := g.clock_event_reasons) is not None:
             for reason, bit in CLOCK_EVENT_REASONS.items():
-                self.clock.add_metric((*lv, reason), 1.0 if bits & bit else 0.0)
+                if bits & bit:
+                    self.clock.add_metric((*lv, reason), 1.0)
         for cnt, label, n in (
             (self.ecc, "volatile", g.ecc_volatile_uncorrectable),
             (self.ecc, "aggregate", g.ecc_aggregate_uncorrectable),
@@ -207,7 +203,6 @@ class _GpuFamilies:
         links = g.nvlinks or ()
         known = [link.active for link in links if link.active is not None]
         if known:
-            self.links.add_metric(lv, len(known))
             self.down.add_metric(lv, sum(1 for a in known if not a))
         for counter, attr in _NVLINK_COUNTERS:
             values = [n for link in links if (n := getattr(link, attr)) is not None]
@@ -225,11 +220,11 @@ class _GpuFamilies:
 
     def families(self) -> Iterator[Metric]:
         yield from (fam for fam, _ in self.gauges)
-        yield from (self.up, self.info)
+        yield self.up
         if not self.full:
             return
         yield from (fam for fam, _ in self.counters)
-        yield from (self.clock, self.ecc, self.remap, self.links, self.down, self.err_sum)
+        yield from (self.clock, self.ecc, self.remap, self.down, self.err_sum)
         if self.per_link:
             yield from (self.link_up, self.link_err)
 
@@ -266,11 +261,13 @@ class SidecarCollector(Collector):
         job = job_label_values(state.labels, snap.node if snap is not None else "")
         gpus = snap.gpus if snap is not None else ()
         fams = _GpuFamilies(self._per_link, self._full)
+        models = []
         for g in gpus:
             uuid, model = self._identity(g)
-            fams.add(g, (*job, str(g.index), uuid), model)
+            fams.add(g, (*job, str(g.index), uuid))
+            models.append(model)
         yield from fams.families()
-        yield from self._job_families(state, job, gpus)
+        yield from self._job_families(state, job, gpus, next((m for m in models if m), ""))
 
     def _identity(self, g: GpuState) -> tuple[str, str]:
         uuid, model = g.uuid or "", g.name or ""
@@ -281,11 +278,11 @@ class SidecarCollector(Collector):
         return uuid, model
 
     def _job_families(
-        self, state: ExportState, job: tuple[str, ...], gpus: tuple[GpuState, ...]
+        self, state: ExportState, job: tuple[str, ...], gpus: tuple[GpuState, ...], model: str
     ) -> Iterator[Metric]:
         info = _gauge("job_info", _HELP["info"], INFO_LABELS)
         gpu_list = ",".join(str(g.index) for g in gpus)
-        info.add_metric((*job, *_info_values(state.labels), gpu_list), 1.0)
+        info.add_metric((*job, *_info_values(state.labels), gpu_list, model), 1.0)
         yield info
         xid = _counter("gpu_xid_errors", _HELP["xid"], (*GPU_LABELS, "xid"))
         by_index = {g.index: g for g in gpus}
@@ -301,10 +298,6 @@ class SidecarCollector(Collector):
         samples = _counter("sidecar_samples", "GPU snapshots the sidecar took.", JOB_LABELS)
         samples.add_metric(job, state.samples_total)
         yield samples
-        if state.started_ts > 0:
-            start = _gauge("sidecar_start_time_seconds", _HELP["start"], JOB_LABELS)
-            start.add_metric(job, state.started_ts)
-            yield start
         yield from _task_families(state, job)
 
 

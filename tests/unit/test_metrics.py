@@ -42,10 +42,8 @@ EXPECTED_NAMES = {
     "slurmhealth_gpu_clock_event_active",
     "slurmhealth_gpu_row_remap_pending",
     "slurmhealth_gpu_row_remap_failure",
-    "slurmhealth_gpu_nvlink_links",
     "slurmhealth_gpu_nvlink_links_down",
     "slurmhealth_gpu_up",
-    "slurmhealth_gpu_info",
     "slurmhealth_gpu_pcie_link_gen",
     "slurmhealth_gpu_pcie_link_width",
     # counters
@@ -59,7 +57,6 @@ EXPECTED_NAMES = {
     "slurmhealth_sidecar_samples_total",
     # job level
     "slurmhealth_job_info",
-    "slurmhealth_sidecar_start_time_seconds",
 }
 TASK_NAMES = {
     "slurmhealth_job_steps_total",
@@ -168,14 +165,8 @@ def test_job_facts_other_than_the_queried_tags_are_on_job_info_only(
             extra = set(s.labels) - set(GPU_LABELS)
             if s.name == "slurmhealth_job_info":
                 assert set(s.labels) == set(INFO_LABELS)
-            elif s.name == "slurmhealth_gpu_info":
-                assert extra == {"model"}
             else:
-                assert not extra & {"account", "partition", "qos", "job_name", "model"}, s
-    model = reg.get_sample_value(
-        "slurmhealth_gpu_info", gpu_labels(3, model="NVIDIA H100 80GB HBM3")
-    )
-    assert model == 1
+                assert not extra & {"account", "partition", "qos", "job_name", "gpu_model"}, s
 
 
 def test_units_are_converted_to_base_units(reg: CollectorRegistry) -> None:
@@ -220,7 +211,6 @@ def test_nvlinks_summed_per_gpu_by_default(reg: CollectorRegistry) -> None:
     get = reg.get_sample_value
     assert get("slurmhealth_gpu_nvlink_links_down", gpu_labels(2)) == 1
     assert get("slurmhealth_gpu_nvlink_links_down", gpu_labels(0)) == 0
-    assert get("slurmhealth_gpu_nvlink_links", gpu_labels(2)) == 18
     errs = "slurmhealth_gpu_nvlink_errors_total"
     assert get(errs, gpu_labels(0, counter="replay")) == sum(range(18))
     assert get(errs, gpu_labels(0, counter="crc_flit")) == 2 * sum(range(18))
@@ -254,16 +244,25 @@ def test_cardinality_budget_default_mode_at_most_40_series_per_gpu() -> None:
     assert default <= 40, default
     assert per_link >= default + 18 * 5  # up + 4 counters per link, 18 links per GPU
     text = render(registry_for(state(task=task)))
-    assert len(text) / 8 < 12_000  # bytes per GPU and scrape, HELP/TYPE lines included
+    assert len(text) / 8 < 8_000  # bytes per GPU and scrape, HELP/TYPE lines included
+    # 8 single-GPU jobs, each reporting task metrics: the job-level series add up
+    snap = state().snapshot
+    assert snap is not None
+    eight = CollectorRegistry()
+    for g in snap.gpus:
+        one = state(labels=dataclasses.replace(LABELS, job_id=f"9{g.index}"), task=task,
+                    snapshot=dataclasses.replace(snap, gpus=(g,)))  # fmt: skip
+        eight.register(SidecarCollector(lambda one=one: one))  # type: ignore[misc]
+    assert series_per_gpu(eight) <= 40
 
 
 def test_dcgm_mode_exports_no_gpu_counters_of_its_own() -> None:
     reg = registry_for(state(task=TaskStats(steps_total=3)), mode="dcgm")
     names = {s.name for fam in reg.collect() for s in fam.samples}
     assert names == {
-        "slurmhealth_gpu_up", "slurmhealth_gpu_info", "slurmhealth_gpu_xid_errors_total",
+        "slurmhealth_gpu_up", "slurmhealth_gpu_xid_errors_total",
         "slurmhealth_events_total", "slurmhealth_sidecar_samples_total", "slurmhealth_job_info",
-        "slurmhealth_sidecar_start_time_seconds", "slurmhealth_job_steps_total",
+        "slurmhealth_job_steps_total",
     }  # fmt: skip
     assert reg.get_sample_value("slurmhealth_gpu_up", gpu_labels(1, status="ok")) == 1
     with pytest.raises(ValueError, match="mode"):
@@ -271,19 +270,20 @@ def test_dcgm_mode_exports_no_gpu_counters_of_its_own() -> None:
 
 
 def test_clock_event_reasons_from_the_bitmask(reg: CollectorRegistry) -> None:
+    """Only reasons that hold clocks down have a series (value 1): 8 per GPU otherwise."""
     active = "slurmhealth_gpu_clock_event_active"
-    expected = {"hw_thermal": 1, "sw_power_cap": 1, "hw_slowdown": 0, "sw_thermal": 0,
-                "hw_power_brake": 0, "gpu_idle": 0}  # fmt: skip
-    for reason, value in expected.items():
-        assert reg.get_sample_value(active, gpu_labels(3, reason=reason)) == value, reason
-        assert reg.get_sample_value(active, gpu_labels(0, reason=reason)) == 0, reason
+    reasons = ("hw_thermal", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_power_brake",
+               "gpu_idle")  # fmt: skip
+    got = {r: reg.get_sample_value(active, gpu_labels(3, reason=r)) for r in reasons}
+    assert got == {r: 1.0 if r in ("hw_thermal", "sw_power_cap") else None for r in reasons}
+    assert all(reg.get_sample_value(active, gpu_labels(0, reason=r)) is None for r in reasons)
     bits = {"hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_power_brake": 0x80, "gpu_idle": 0x1}
     for reason, bit in bits.items():
         one = registry_for(
             state(snapshot=NodeSnapshot("gpu-a01", 0.0, (h100(0, clock_event_reasons=bit),)))
         )
-        values = {r: one.get_sample_value(active, gpu_labels(0, reason=r)) for r in expected}
-        assert values == {r: float(r == reason) for r in expected}
+        values = {r: one.get_sample_value(active, gpu_labels(0, reason=r)) for r in reasons}
+        assert values == {r: 1.0 if r == reason else None for r in reasons}
 
 
 def test_xid_counter_per_gpu_and_code(reg: CollectorRegistry) -> None:
@@ -298,11 +298,11 @@ def test_events_drains_samples(reg: CollectorRegistry) -> None:
     assert get("slurmhealth_events_total", job_labels(kind="hang", gpu="")) == 1
     assert get("slurmhealth_events_total", job_labels(kind="nvlink_down", gpu="2")) == 1
     assert get("slurmhealth_sidecar_samples_total", job_labels()) == 120
-    assert get("slurmhealth_sidecar_start_time_seconds", job_labels()) == 1_699_999_000.0
 
 
 def test_job_info(reg: CollectorRegistry) -> None:
-    facts = {"account": "ml", "partition": "gpu", "qos": "normal", "job_name": ""}
+    facts = {"account": "ml", "partition": "gpu", "qos": "normal", "job_name": "",
+             "gpu_model": "NVIDIA H100 80GB HBM3"}  # fmt: skip
     info = reg.get_sample_value("slurmhealth_job_info", job_labels(gpus="0,1,2,3,4,5,6,7", **facts))
     assert info == 1
 
