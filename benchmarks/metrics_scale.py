@@ -156,12 +156,15 @@ scrape_configs:
             t0 = time.monotonic()
             while time.monotonic() - t0 < minutes * 60:
                 time.sleep(5)
+            own = '{job="prometheus"}'
             out = {
                 "nodes": nodes, "minutes": minutes, "scrape_s": scrape,
                 "head_series": prom_value(base, "prometheus_tsdb_head_series"),
-                "rss_bytes": prom_value(base, 'process_resident_memory_bytes{job="prometheus"}'),
-                "heap_inuse_bytes": prom_value(base, 'go_memstats_heap_inuse_bytes{job="prometheus"}'),
-                "samples_per_s": prom_value(base, "rate(prometheus_tsdb_head_samples_appended_total[1m])"),
+                "rss_bytes": prom_value(base, f"process_resident_memory_bytes{own}"),
+                "heap_inuse_bytes": prom_value(base, f"go_memstats_heap_inuse_bytes{own}"),
+                "samples_per_s": prom_value(
+                    base, "rate(prometheus_tsdb_head_samples_appended_total[2m])"
+                ),
             }  # fmt: skip
         finally:
             stop()
@@ -202,15 +205,17 @@ def main() -> None:
           f"{args.minutes:g} min (default mode, 1 job on 8 GPUs per node):")  # fmt: skip
     print(f"  head series {m['head_series']:.0f} (~{per_node:.0f} per node incl. Prometheus' own), "
           f"{m['samples_per_s']:.0f} samples/s")  # fmt: skip
-    print(
-        f"  RSS {m['rss_bytes'] / 2**20:.0f} MiB, Go heap in use {m['heap_inuse_bytes'] / 2**20:.0f} MiB"
-    )
+    rss, heap = m["rss_bytes"] / 2**20, m["heap_inuse_bytes"] / 2**20
+    print(f"  RSS {rss:.0f} MiB, Go heap in use {heap:.0f} MiB")
     heap_per_series = m["heap_inuse_bytes"] / max(1.0, m["head_series"])
+    rss_per_series = m["rss_bytes"] / max(1.0, m["head_series"])
     series_1000 = per_node * 1000
-    print(f"  1,000 nodes: ~{series_1000:.0f} head series, ~{series_1000 * 15 / args.scrape / 15:.0f} "
-          f"samples/s at {args.scrape} s; at this run's {heap_per_series:.0f} B heap per series "
-          f"~{series_1000 * heap_per_series / 2**30:.1f} GiB heap (an upper bound: the fixed "
-          "part is counted per series here)")  # fmt: skip
+    print(f"  1,000 nodes: ~{series_1000:.0f} head series, ~{series_1000 / args.scrape:.0f} "
+          f"samples/s; at this run's {heap_per_series / 1024:.1f} KiB heap "
+          f"({rss_per_series / 1024:.1f} KiB RSS) per series: ~"
+          f"{series_1000 * heap_per_series / 2**30:.1f} GiB heap, ~"
+          f"{series_1000 * rss_per_series / 2**30:.1f} GiB RSS (upper bounds: Prometheus' "
+          "fixed memory is counted per series here)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -127,6 +127,15 @@ def free_port() -> int:
     return _free_port()
 
 
+def answers(url: str) -> bool:
+    """Whether ``url`` answers at all (a server that is up)."""
+    try:
+        urllib.request.urlopen(url, timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def get_text(url: str, timeout: float = 5.0) -> str:
     with urllib.request.urlopen(url, timeout=timeout) as resp:
         text: str = resp.read().decode()

@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict
 
 from slurmhealth.config import Config
+from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.model import Job, JobLabels
 from slurmhealth.sidecar.run import SidecarFiles
 
@@ -61,15 +62,6 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
         log.warning("job %s: sidecar not started: %s", job.job_id, exc)
         return None
     return proc.pid
-
-
-def _is_our_sidecar(pid: int, job_id: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return b"sidecar" in argv and job_id.encode() in argv
 
 
 def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.conftest import Cluster
 from tests.prometheus_util import (
+    answers,
     free_port,
     get_text,
     query,
@@ -77,7 +78,7 @@ class Fleet:
                     str(self.ports[node]), "--textfile-dir", str(self.textfile[node])]  # fmt: skip
             self.procs.append(subprocess.Popen(argv, env=env))
         for node in NODES:
-            _wait(lambda n=node: _answers(self.url(n)), 20, f"the exporter of {node}")
+            _wait(lambda n=node: answers(self.url(n)), 20, f"the exporter of {node}")
         targets = ", ".join(f'"127.0.0.1:{p}"' for p in self.ports.values())
         config = f"""
 global:
@@ -110,14 +111,6 @@ scrape_configs:
         answer = query(self.prometheus, expr)
         assert answer["status"] == "success", answer
         return list(answer["data"]["result"])
-
-
-def _answers(url: str) -> bool:
-    try:
-        get_text(url, timeout=1)
-    except OSError:
-        return False
-    return True
 
 
 @pytest.fixture

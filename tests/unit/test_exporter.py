@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.prometheus_util import (
+    answers,
     free_port,
     get_text,
     query,
@@ -96,7 +97,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     stops: list[Callable[[], None]] = []
     try:
         url = f"http://127.0.0.1:{port}/metrics"
-        wait(lambda: _answers(url), 20, "the exporter to listen")
+        wait(lambda: answers(url), 20, "the exporter to listen")
         prom, stop = start_prometheus(tmp, PROMETHEUS.format(port=port))
         stops.append(stop)
         ne, stop = start_node_exporter(tmp, tmp / "textfile")
@@ -108,14 +109,6 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         if exporter.poll() is None:
             exporter.kill()
             exporter.wait()
-
-
-def _answers(url: str) -> bool:
-    try:
-        get_text(url, timeout=1)
-    except OSError:
-        return False
-    return True
 
 
 def wait(cond: Callable[[], object], timeout: float, what: str) -> float:

@@ -25,7 +25,14 @@ from slurmhealth.history.node_queries import DrainInForce, LastCheck
 from slurmhealth.metrics import SidecarCollector
 from slurmhealth.model import TaskStats
 from slurmhealth.node_metrics import NodeFacts, node_families
-from tests.prometheus_util import free_port, promtool, query, require_tool, start_prometheus
+from tests.prometheus_util import (
+    answers,
+    free_port,
+    promtool,
+    query,
+    require_tool,
+    start_prometheus,
+)
 from tests.unit.test_metrics import state
 
 pytestmark = pytest.mark.prometheus
@@ -223,7 +230,7 @@ def test_alertmanager_pages_once_for_an_xid_79(tmp_path: Path) -> None:
     base = f"http://127.0.0.1:{port}/api/v2"
     try:
         deadline = time.monotonic() + 20
-        while not _answers(f"{base}/status"):
+        while not answers(f"{base}/status"):
             assert time.monotonic() < deadline and proc.poll() is None, "alertmanager"
             time.sleep(0.1)
         gpu = {"node": "gpu-a01", "gpu": "1", "uuid": "GPU-1111", "job_id": "4242",
@@ -251,14 +258,6 @@ def test_alertmanager_pages_once_for_an_xid_79(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-def _answers(url: str) -> bool:
-    try:
-        urllib.request.urlopen(url, timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 def test_rules_and_dashboards_use_only_exported_metrics() -> None:
