@@ -161,7 +161,6 @@ class Sidecar:
     def run(self) -> int:
         from slurmhealth.gpu import open_backend
         from slurmhealth.history import History
-        from slurmhealth.history.read import drain_rows
         from slurmhealth.kernel_log import KernelLogReader
         from slurmhealth.sidecar.detectors import Detectors
         from slurmhealth.sidecar.presence import JobPresence
@@ -180,7 +179,6 @@ class Sidecar:
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
         with History(self.cfg.db_path(self.node)) as history:
             cursor = history.kv_get("kernel_log_cursor")  # read-only: the epilog owns it
-            suppressed = len(drain_rows(history, state="suppressed"))
         xid_queue: list[XidEvent] = []
         xid_thread = threading.Thread(
             target=self._watch_xids, args=(backend, xid_queue), daemon=True, name="xid-watch"
@@ -233,7 +231,6 @@ class Sidecar:
                         xid_counts=dict(self._xid_counts),
                         event_counts=dict(self._event_counts),
                         task=stats,
-                        drains_suppressed_total=suppressed,
                         samples_total=self._state.samples_total + len(snapshot.gpus),
                     )
                 self._publish()
