@@ -164,3 +164,34 @@ def test_stopping_the_exporter_takes_its_textfile_away(node: Node) -> None:
     assert node.exporter.wait(10) == 0
     assert not textfile.exists()
     assert list((node.tmp / "textfile").iterdir()) == []  # no temp file left either
+
+
+def test_a_config_that_stops_loading_keeps_the_last_good_one(tmp_path: Path) -> None:
+    from slurmhealth.config import load_config
+    from slurmhealth.exporter import ConfigWatch
+
+    path = tmp_path / "config.toml"
+    path.write_text('[metrics]\nport = 9451\n[paths]\nrun_dir = "/run/x"\n')
+    watch = ConfigWatch(lambda: load_config(str(path), env={}), every_s=0)
+    cfg, valid = watch.current()
+    assert valid and cfg.metrics.port == 9451
+    path.write_text("[metrics]\nport = 9452\nprot = 1\n")  # a typo
+    cfg, valid = watch.current()
+    assert not valid and cfg.metrics.port == 9451 and cfg.paths.run_dir == "/run/x"
+    path.write_text("[metrics]\nport = 9453\n")
+    assert watch.current()[0].metrics.port == 9453 and watch.current()[1]
+
+
+def test_the_textfile_goes_only_into_a_directory_not_everyone_can_write(tmp_path: Path) -> None:
+    from slurmhealth.exporter import write_textfile
+
+    ok, open_dir = tmp_path / "ok", tmp_path / "open"
+    ok.mkdir()
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    write_textfile(str(ok), b"slurmhealth_x 1\n")
+    assert (ok / "slurmhealth.prom").read_bytes() == b"slurmhealth_x 1\n"
+    assert [p.name for p in ok.iterdir()] == ["slurmhealth.prom"]
+    with pytest.raises(OSError, match="writable by everyone"):
+        write_textfile(str(open_dir), b"slurmhealth_x 1\n")
+    assert list(open_dir.iterdir()) == []
