@@ -51,6 +51,7 @@ class GpuConfig:
 class PathsConfig:
     db: str = "/var/lib/slurmhealth/history.db"
     spool: str = ""  # empty = "<db>.spool.jsonl"
+    spool_max_bytes: int = 64 * 1024 * 1024  # beyond this, new batches are dropped (counted)
     evidence_dir: str = "/var/lib/slurmhealth/evidence"
     run_dir: str = "/run/slurmhealth"
 

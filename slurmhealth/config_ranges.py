@@ -61,6 +61,7 @@ RANGES: Mapping[str, Bound] = {
     "gpu.snapshot_timeout_s": POSITIVE_S,
     "gpu.expected_count": Bound(0, 1024),
     "gpu.nvlinks_per_model": Bound(0, 64),  # each model's value
+    "paths.spool_max_bytes": Bound(4096, 2**40),  # never unbounded
     "kernel_log.lookback_s": Bound(0, 365 * DAY),
     "kernel_log.budget_s": POSITIVE_S,
     "policy.drain_max_share": Bound(0, 1, low_open=True),

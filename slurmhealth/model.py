@@ -256,6 +256,32 @@ class KernelEvent:
     device: str | None = None  # the kernel driver or device that logged it ("nvidia", ...)
 
 
+def parse_gpu_list(text: str, source: str = "SLURM_JOB_GPUS") -> tuple[int, ...]:
+    """GPU indices written the way Slurm writes ``SLURM_JOB_GPUS``: ``0,1,3`` or ranges
+    ``0-3`` (some versions), sorted without repeats; empty text is no GPU.
+
+    ``source`` names where the text came from in the error (an option, a variable).
+    """
+    from slurmhealth.errors import UsageError
+
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, dash, hi = part.partition("-")
+        if not _is_index(lo) or (dash and not _is_index(hi)):
+            raise UsageError(f"{source}: {part!r} is not a GPU index or range (e.g. 0,3 or 0-7)")
+        if dash and int(hi) < int(lo):
+            raise UsageError(f"{source}: range {part!r} goes backwards")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return tuple(sorted(out))
+
+
+def _is_index(text: str) -> bool:
+    return text.isascii() and text.isdigit()
+
+
 def normalize_pci_bus_id(text: str) -> str:
     """Return ``dddd:bb:dd.f`` in lower case for any spelling NVML or the kernel log uses.
 

@@ -1,13 +1,15 @@
-"""Small helpers shared by the benchmark-output parsers (no parsing policy lives here)."""
+"""Small helpers shared by the benchmark-output parsers (no parsing policy lives here):
+numbers and JSON as the tools print them, metric names, and the result every parser returns."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from slurmhealth.baseline.model import BaselineParseError
+from slurmhealth.baseline.model import BaselineParseError, Measurement, ParseResult
 
 # Numbers as the tools print them; bounded so int()/float() never see absurd inputs.
 NUM = r"\d{1,20}(?:\.\d{1,20})?(?:[eE][+-]?\d{1,3})?"
@@ -72,3 +74,30 @@ def as_dict(value: Any) -> dict[str, Any]:
 
 def as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
+
+
+def device_model(models: Sequence[str]) -> str | list[str] | None:
+    """``meta["device_model"]``: the one GPU model the output names, all the (distinct)
+    models it names when several, None when it names none."""
+    return models[0] if len(models) == 1 else (list(models) or None)
+
+
+def result(
+    kind: str,
+    measurements: Iterable[Measurement],
+    errors: Sequence[str],
+    problems: Sequence[str],
+    meta: Mapping[str, Any],
+    models: Sequence[str] = (),
+) -> ParseResult:
+    """What a parser returns: ``passed`` when the tool reported no error; ``gpu_model`` when
+    the output names exactly one model (``models``: the distinct names it prints)."""
+    return ParseResult(
+        kind=kind,
+        measurements=tuple(measurements),
+        passed=not errors,
+        errors=tuple(errors),
+        problems=tuple(problems),
+        meta=meta,
+        gpu_model=models[0] if len(models) == 1 else None,
+    )

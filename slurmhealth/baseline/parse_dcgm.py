@@ -7,7 +7,14 @@ import re
 from typing import Any
 
 from slurmhealth.baseline.model import Measurement, ParseResult
-from slurmhealth.baseline.parse_common import as_dict, as_list, fail, load_json_object, slug
+from slurmhealth.baseline.parse_common import (
+    as_dict,
+    as_list,
+    fail,
+    load_json_object,
+    result,
+    slug,
+)
 
 _SCORE = {"pass": 1.0, "warn": 0.5, "fail": 0.0}
 _STATUS = r"(Pass|Fail|Warn|Skip|Not Run)"
@@ -119,10 +126,8 @@ def _json_results(diag: dict[str, Any]) -> tuple[list[_Result], list[str], list[
     return results, notes, problems
 
 
-def parse_dcgm(text: str) -> ParseResult:
-    """Measurements ``dcgm.<test>`` (test name lower-cased, ``_``-joined): 1 pass, 0.5 warn,
-    0 fail, per GPU when the output names GPUs; ``meta['level']`` from ``-r N`` or guessed
-    from the categories present (``level_source``)."""
+def _results(text: str) -> tuple[list[_Result], list[str], list[str], dict[str, Any]]:
+    """Results, notes, problems and meta from the ``-j`` JSON or, without it, the table."""
     doc = load_json_object(text)
     diag = as_dict(doc.get("DCGM GPU Diagnostic")) if doc else {}
     problems: list[str] = []
@@ -141,10 +146,12 @@ def parse_dcgm(text: str) -> ParseResult:
         results, notes, metadata = _text_results(text)
         for key, value in metadata.items():
             meta[slug(key)] = value
-    if not results:
-        err = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("Error")), "")
-        raise fail("dcgm", f"no diagnostic results (no test rows or test_categories) {err[:160]}")
+    return results, notes, problems, meta
 
+
+def _scores(results: list[_Result], notes: list[str]) -> tuple[list[Measurement], list[str]]:
+    """One score per test (and GPU) that ran; the errors: failed tests, then the notes that
+    explain them (a runtime error alone stands for all)."""
     measurements: list[Measurement] = []
     errors: list[str] = []
     for category, test, gpu, status in results:
@@ -165,21 +172,31 @@ def parse_dcgm(text: str) -> ParseResult:
         errors.extend(n for n in notes if n.startswith("runtime error"))
     elif errors:
         errors.extend(notes)
-    meta["warnings"] = notes
+    return measurements, errors
+
+
+def _level(text: str, results: list[_Result]) -> dict[str, Any]:
+    """``level`` from ``-r N`` on the command line, else the deepest category present."""
     if m := _LEVEL.search(text):
-        meta["level"], meta["level_source"] = int(m.group(1)), "command"
-    else:
-        levels = [_CATEGORY_LEVEL.get(c.strip().lower(), 0) for c, _, _, _ in results]
-        if max(levels, default=0):
-            meta["level"], meta["level_source"] = max(levels), "inferred"
+        return {"level": int(m.group(1)), "level_source": "command"}
+    levels = [_CATEGORY_LEVEL.get(c.strip().lower(), 0) for c, _, _, _ in results]
+    if max(levels, default=0):
+        return {"level": max(levels), "level_source": "inferred"}
+    return {}
+
+
+def parse_dcgm(text: str) -> ParseResult:
+    """Measurements ``dcgm.<test>`` (test name lower-cased, ``_``-joined): 1 pass, 0.5 warn,
+    0 fail, per GPU when the output names GPUs; ``meta['level']`` from ``-r N`` or guessed
+    from the categories present (``level_source``)."""
+    results, notes, problems, meta = _results(text)
+    if not results:
+        err = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("Error")), "")
+        raise fail("dcgm", f"no diagnostic results (no test rows or test_categories) {err[:160]}")
+    measurements, errors = _scores(results, notes)
+    meta["warnings"] = notes
+    meta.update(_level(text, results))
     gpus = sorted({g for _, _, g, _ in results if g is not None})
     if gpus:
         meta["gpus"] = gpus
-    return ParseResult(
-        kind="dcgm",
-        measurements=tuple(measurements),
-        passed=not any(s == "fail" for _, _, _, s in results) and not errors,
-        errors=tuple(errors),
-        problems=tuple(problems),
-        meta=meta,
-    )
+    return result("dcgm", measurements, errors, problems, meta)  # a failed test is an error

@@ -20,6 +20,7 @@ from slurmhealth.baseline.parse_common import (
     as_list,
     fail,
     load_json_object,
+    result,
     slug,
 )
 
@@ -199,11 +200,4 @@ def parse_fio(text: str) -> ParseResult:
     meta: dict[str, Any] = {"jobs": names}
     if isinstance(doc.get("fio version"), str):
         meta["fio_version"] = doc["fio version"]
-    return ParseResult(
-        kind="fio",
-        measurements=tuple(_combine(found)),
-        passed=not errors,
-        errors=tuple(errors),
-        problems=tuple(problems),
-        meta=meta,
-    )
+    return result("fio", _combine(found), errors, problems, meta)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmhealth.baseline.model import BenchmarkFailed, Measurement, ParseResult
-from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, fail
+from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, device_model, fail, result
 
 _PROGRESS = re.compile(r"(?:(" + NUM + r")%\s+)?proc'd:(.*)$")
 _FIELDS = re.compile(r"(.*?)(?:errors:(.*?))?(?:temps:(.*))?$", re.DOTALL)
@@ -238,14 +238,6 @@ def parse_gpuburn(text: str) -> ParseResult:
         "gpus": n,
         "tested": scan.tested,
         "verdicts": {ids[c]: v for c, v in sorted(scan.verdicts.items()) if 0 <= c < n},
-        "device_model": models[0] if len(models) == 1 else (models or None),
+        "device_model": device_model(models),
     }
-    return ParseResult(
-        kind="gpuburn",
-        measurements=tuple(measurements),
-        passed=not errors,
-        errors=tuple(errors),
-        problems=tuple(problems),
-        meta=meta,
-        gpu_model=models[0] if len(models) == 1 else None,
-    )
+    return result("gpuburn", measurements, errors, problems, meta, models)

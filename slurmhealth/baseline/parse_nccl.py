@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmhealth.baseline.model import BenchmarkFailed, Measurement, ParseResult
-from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, fail
+from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, device_model, fail, result
 from slurmhealth.baseline.parse_nccl_table import Row, is_row, parse_row
 
 _COLLECTIVE = re.compile(r"#\s*Collective test (?:starting|concluded):\s*(?:\S*[/\\])?(\w{1,60})")
@@ -223,31 +223,23 @@ def parse_nccl(text: str, *, test: str | None = None) -> ParseResult:
         if _is_nccl_output(text):
             raise BenchmarkFailed(f"nccl: {what}")
         raise fail("nccl", what)
-    return ParseResult(
-        kind="nccl",
-        measurements=tuple(measurements),
-        passed=not errors,
-        errors=tuple(errors),
-        problems=tuple(problems),
-        meta=_meta(sections, names),
-        gpu_model=_model(sections),
-    )
+    models = _models(sections)
+    return result("nccl", measurements, errors, problems, _meta(sections, names), models)
 
 
-def _model(sections: list[_Section]) -> str | None:
-    models = {m for s in sections for m in s.models}
-    return models.pop() if len(models) == 1 else None
+def _models(sections: list[_Section]) -> list[str]:
+    """The distinct GPU models the ranks print, first seen first."""
+    return list(dict.fromkeys(m for s in sections for m in s.models))
 
 
 def _meta(sections: list[_Section], names: list[str]) -> dict[str, Any]:
     first = sections[0]
     rows = [r for s in sections for r in s.rows]
     hosts = list(dict.fromkeys(h for s in sections for h in s.hosts))
-    models = list(dict.fromkeys(m for s in sections for m in s.models))
     meta: dict[str, Any] = {**first.meta, "test": names[0], "tests": names}
     meta["ranks"] = meta["gpus"] = first.ranks
     meta["nodes"] = hosts
-    meta["device_model"] = models[0] if len(models) == 1 else (models or None)
+    meta["device_model"] = device_model(_models(sections))
     meta["sizes"] = sorted({r.size for r in rows})
     meta["max_bytes"] = max(meta["sizes"], default=None)
     meta["checked"] = any(

@@ -37,7 +37,7 @@ def ingest(
     from slurmhealth.history.baselines import add_baselines
 
     now = time.time() if ts is None else ts
-    with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
+    with History.for_node(cfg, node) as history:
         return add_baselines(history, kind, result.measurements, ts=now, node=node,
                              gpu_model=gpu_model, label=label, source=source)  # fmt: skip
 

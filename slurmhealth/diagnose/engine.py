@@ -21,6 +21,7 @@ from slurmhealth.diagnose.facts import (
     JobFacts,
     NodeFacts,
 )
+from slurmhealth.diagnose.loader import default_rules, load_rules
 from slurmhealth.diagnose.rules import (  # re-exported: the engine's public names
     DRAINED_STATES,
     LOG_TAIL_LINES,
@@ -31,9 +32,7 @@ from slurmhealth.diagnose.rules import (  # re-exported: the engine's public nam
     Rule,
     Scope,
     as_text,
-    default_rules,
     level_of,
-    load_rules,
 )
 from slurmhealth.model import Severity
 

@@ -1,8 +1,9 @@
-"""The rule vocabulary: matchers over a job's :class:`Facts`, and reading ``rules.toml``.
+"""The rule vocabulary: matchers over a job's :class:`Facts`.
 
 A matcher returns the hits it found (what to cite, placeholder values) or ``None`` when it
-does not match. Unknown values never match. A malformed rules file raises ConfigError
-naming the rule and key. :mod:`slurmhealth.diagnose.engine` groups hits into diagnoses.
+does not match. Unknown values never match. :mod:`slurmhealth.diagnose.loader` reads
+``rules.toml`` into :class:`Rule` s; :mod:`slurmhealth.diagnose.engine` groups hits into
+diagnoses.
 """
 
 from __future__ import annotations
@@ -11,13 +12,8 @@ import math
 import operator
 import re
 import statistics
-import tomllib
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from functools import lru_cache
-from importlib import resources
-from os import PathLike
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from slurmhealth.diagnose.facts import (
@@ -27,7 +23,6 @@ from slurmhealth.diagnose.facts import (
     NodeFacts,
     TaskFacts,
 )
-from slurmhealth.errors import ConfigError
 from slurmhealth.model import Severity
 
 MAX_CITATIONS = 25  # per diagnosis: the earliest matches first, then the cited tails
@@ -35,34 +30,10 @@ LOG_TAIL_LINES = 5  # lines cited from a log matched without a pattern
 MAX_TEXT = 300  # characters of a cited message or log line
 DRAINED_STATES = frozenset({"drained", "already", "held"})  # drains rows: node left drained
 # fmt: off
-_COMPARE: Mapping[str, Callable[[float, float], bool]] = {
+COMPARE: Mapping[str, Callable[[float, float], bool]] = {
     "above": operator.gt, "below": operator.lt, "at_least": operator.ge, "at_most": operator.le}
-_AGG: Mapping[str, Callable[[list[float]], float]] = {
+AGG: Mapping[str, Callable[[list[float]], float]] = {
     "mean": statistics.fmean, "median": statistics.median, "min": min, "max": max}
-# fmt: on
-_CHOICES: Mapping[str, frozenset[str]] = {
-    "gpu_field": frozenset(f.name for f in fields(GpuStats)) - {"gpu", "uuid", "series"},
-    "task_field": frozenset(f.name for f in fields(TaskFacts)) | {"throughput_ratio"},
-    "agg": frozenset(_AGG),
-}
-_CMP = {k: "num" for k in _COMPARE}
-# fmt: off
-# Options of each matcher and of a rule: name -> kind ("!": required); see _convert.
-_SCHEMA: Mapping[str, Mapping[str, str]] = {
-    "event": {"kind!": "names", "min_severity": "sev"},
-    "finding": {"check!": "names", "min_severity": "sev"},
-    "xid": {"code!": "ints", "min_severity": "sev"},
-    "gpu_stat": {"field!": "gpu_field", **_CMP, "below_peer_ratio": "num",
-                 "peers_at_least": "num", "agg": "agg"},
-    "task": {"field!": "task_field", **_CMP},
-    "job": {"state": "names", "exit_nonzero": "bool", "signal": "ints", "nodes_at_most": "num"},
-    "log": {"source!": "text", "pattern": "regex"},
-    "rule": {"name!": "name", "title!": "text", "severity!": "sev", "root_cause!": "text",
-             "verify!": "text", "action!": "text", "confidence!": "ratio", "when!": "matcher",
-             "cite": "matchers", "suppressed_by": "sev", "escalate": "bool", "verdict": "text"},
-}
-_NEEDS_ONE = {"gpu_stat": (*_COMPARE, "below_peer_ratio"), "task": tuple(_COMPARE),
-              "job": tuple(_SCHEMA["job"])}
 # fmt: on
 PLACEHOLDER = re.compile(r"\{([A-Za-z_]\w*)\}")
 OPTIONAL = re.compile(r"\{\?((?:[^{}]|\{[A-Za-z_]\w*\})*)\}")  # {? text {name} }
@@ -84,7 +55,7 @@ class Hit(NamedTuple):
 
 
 Matcher = Callable[["Scope"], list[Hit] | None]
-_Fn = Callable[[Mapping[str, Any], "Scope"], list[Hit] | None]  # a matcher before its options
+Fn = Callable[[Mapping[str, Any], "Scope"], list[Hit] | None]  # a matcher before its options
 
 
 @dataclass(frozen=True)
@@ -145,14 +116,24 @@ def _exit(code: Any) -> tuple[int | None, int | None]:
     return (exit_, sig) if exit_ is not None and sig is not None else (None, None)
 
 
-def _xid_of(row: Mapping[str, Any]) -> int | None:
+def _evidence(row: Mapping[str, Any]) -> Mapping[str, Any]:
     ev = row.get("evidence")
-    return _int(ev.get("xid")) if type(ev) is dict or isinstance(ev, Mapping) else None
+    return ev if isinstance(ev, Mapping) else {}
+
+
+def _xid_of(row: Mapping[str, Any]) -> int | None:
+    return _int(_evidence(row).get("xid"))
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(as_text(text).split())[:MAX_TEXT]
 
 
 # -- one node as the matchers see it ------------------------------------------------------------
 
 _KEYS = {"event": ("kind", "kind"), "finding": ("check_name", "check")}  # column, placeholder
+# a finding's evidence -> placeholder: what a kernel-log finding says ({kind}, {bus}, ...)
+_EVIDENCE = (("kind", "kind"), ("level", "level"), ("pci_bus_id", "bus"), ("code", "code"))
 
 
 class Scope:
@@ -167,7 +148,8 @@ class Scope:
         for label, rows in (("event", node.events), ("finding", node.findings)):
             table = self.rows[label] = {}
             for row in rows or ():
-                if type(row) is dict or isinstance(row, Mapping):
+                # a fault logged before a rebuilt kernel-log position is not the job's
+                if isinstance(row, Mapping) and not _evidence(row).get("predates_position"):
                     table.setdefault(as_text(row.get(_KEYS[label][0])), []).append(row)
             for row in table.get("xid", ()):
                 if (code := _xid_of(row)) is not None:
@@ -180,14 +162,20 @@ class Scope:
         if key not in self._hits:
             column, name = _KEYS[label]
             what, xid, rid = as_text(row.get(column)), _xid_of(row), row.get("id")
+            ev = _evidence(row)
+            line = _one_line(ev.get("line"))  # the kernel line an Xid/kernel_log finding cites
+            values = ((name, what),) + ((("xid", str(xid)),) if xid is not None else ())
+            if label == "finding":
+                values += tuple((p, as_text(ev[k])) for k, p in _EVIDENCE if ev.get(k) is not None)
             self._hits[key] = Hit(
                 label,
-                f"{what}: {as_text(row.get('message'))}"[:MAX_TEXT],
+                f"{what}: {as_text(row.get('message'))}"[:MAX_TEXT]
+                + (f"; kernel: {line}" if line else ""),
                 self.name,
                 _int(row.get("gpu")),
                 _float(row.get("ts")),
                 None if rid is None else f"{label}s/{as_text(rid)}",
-                ((name, what),) + ((("xid", str(xid)),) if xid is not None else ()),
+                values,
                 level_of(row.get("severity")) or level_of(row.get("severity_value")),
             )
         return self._hits[key]
@@ -206,11 +194,19 @@ def _severe(o: Mapping[str, Any], hits: list[Hit]) -> list[Hit] | None:
     return [h for h in hits if h.severity >= o.get("min_severity", 0)] or None
 
 
-def _rows(label: str, key: str) -> _Fn:
+def _rows(label: str, key: str) -> Fn:
     def run(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
         return _severe(o, [s.hit(label, r) for n in o[key] for r in s.rows[label].get(n, ())])
 
     return run
+
+
+def _finding(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
+    rows = [r for n in o["check"] for r in s.rows["finding"].get(n, ())]
+    for key in ("kind", "level"):  # what a kernel-log finding's evidence says
+        if key in o:
+            rows = [r for r in rows if as_text(_evidence(r).get(key)) in o[key]]
+    return _severe(o, [s.hit("finding", r) for r in rows])
 
 
 def _xid(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
@@ -218,7 +214,7 @@ def _xid(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
 
 
 def _ok(o: Mapping[str, Any], v: float) -> bool:
-    return all(op(v, o[k]) for k, op in _COMPARE.items() if k in o)
+    return all(op(v, o[k]) for k, op in COMPARE.items() if k in o)
 
 
 def _gpu_value(g: GpuStats, name: str) -> float | None:
@@ -237,7 +233,7 @@ def _gpu_stat(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
             values[idx] = v
     tag = (("field", name),)
     if agg is not None:
-        if not values or not _ok(o, v := float(_AGG[agg](list(values.values())))):
+        if not values or not _ok(o, v := float(AGG[agg](list(values.values())))):
             return None
         text = f"{name} {agg} over {len(values)} GPU(s): {v:.4g}"
         return [Hit("sample", text, s.name, values=tag)]
@@ -299,163 +295,12 @@ def _log(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
     return hits or None
 
 
-_MATCHERS: Mapping[str, _Fn] = {
+MATCHERS: Mapping[str, Fn] = {
     "event": _rows("event", "kind"),
-    "finding": _rows("finding", "check"),
+    "finding": _finding,
     "xid": _xid,
     "gpu_stat": _gpu_stat,
     "task": _task,
     "job": _job,
     "log": _log,
 }
-_KNOWN = ", ".join([*_MATCHERS, "all", "any", "not"])
-
-
-def _join(parts: Sequence[Matcher], every: bool) -> Matcher:
-    """``all`` (every) or ``any`` of ``parts``: the hits of every part that matched."""
-
-    def run(s: Scope) -> list[Hit] | None:
-        out: list[Hit] = []
-        matched = False
-        for part in parts:
-            if (hits := part(s)) is not None:
-                matched = True
-                out += hits
-            elif every:
-                return None
-        return out if matched else None
-
-    return run
-
-
-def _negate(inner: Matcher) -> Matcher:
-    return lambda s: [] if inner(s) is None else None
-
-
-def _bind(fn: _Fn, o: Mapping[str, Any]) -> Matcher:
-    return lambda s: fn(o, s)
-
-
-def matcher(spec: Any, at: str, src: str) -> Matcher:
-    """Compile one matcher table; errors name the key, e.g. ``rule[3].when.any[1].xid``."""
-    if not isinstance(spec, Mapping) or not spec:
-        raise ConfigError(src, at, f"must be a table with one of: {_KNOWN}")
-    parts: list[Matcher] = []
-    for key, arg in spec.items():
-        here = f"{at}.{key}"
-        if key in ("all", "any"):
-            parts.append(_join(_convert("matchers", arg, here, src), key == "all"))
-        elif key == "not":
-            parts.append(_negate(matcher(arg, here, src)))
-        elif key in _MATCHERS:
-            o = _options(arg, here, src, _SCHEMA[key])
-            if key in _NEEDS_ONE and not any(k in o for k in _NEEDS_ONE[key]):
-                raise ConfigError(src, here, f"needs one of: {', '.join(_NEEDS_ONE[key])}")
-            if "agg" in o and any(k in o for k in ("below_peer_ratio", "peers_at_least")):
-                raise ConfigError(src, f"{here}.agg", "does not go with the peer keys")
-            parts.append(_bind(_MATCHERS[key], o))
-        else:
-            raise ConfigError(src, here, f"unknown matcher; known: {_KNOWN}")
-    return parts[0] if len(parts) == 1 else _join(parts, every=True)
-
-
-# -- the rules file -----------------------------------------------------------------------------
-
-
-def _list_of(t: type) -> Callable[[Any], tuple[Any, ...] | None]:
-    return lambda v: (
-        tuple(v) if isinstance(v, list) and v and all(type(x) is t for x in v) else None
-    )
-
-
-def _one_of(choices: frozenset[str]) -> Callable[[Any], str | None]:
-    return lambda v: v if v in choices else None
-
-
-def _regex(v: Any) -> re.Pattern[str] | None:
-    try:
-        return re.compile(v, re.IGNORECASE) if isinstance(v, str) else None
-    except re.error:
-        return None
-
-
-def _number(low: float = -math.inf, high: float = math.inf) -> Callable[[Any], float | None]:
-    return lambda v: float(v) if type(v) in (int, float) and low <= v <= high else None
-
-
-# Option kinds: a function giving the value in usable form (None: invalid), what is valid.
-_KINDS: Mapping[str, tuple[Callable[[Any], Any], str]] = {
-    "names": (_list_of(str), "a non-empty list of strings"),
-    "ints": (_list_of(int), "a non-empty list of integers"),
-    "num": (_number(), "a number"),
-    "ratio": (_number(0, 1), "a number from 0 to 1"),
-    "bool": (lambda v: v if isinstance(v, bool) else None, "true or false"),
-    "text": (lambda v: v if isinstance(v, str) and v.strip() else None, "a non-empty string"),
-    "name": (lambda v: v if re.fullmatch(r"[a-z]\w*", as_text(v)) else None, "a snake_case name"),
-    "sev": (lambda v: level_of(v) or None, "one of info, warn, fail, critical"),
-    "regex": (_regex, "a valid regular expression"),
-    **{k: (_one_of(c), f"one of: {', '.join(sorted(c))}") for k, c in _CHOICES.items()},
-}
-
-
-def _convert(kind: str, v: Any, at: str, src: str) -> Any:
-    """Check one option value of ``kind`` (see ``_SCHEMA``) and return it in usable form."""
-    if kind == "matcher":
-        return matcher(v, at, src)
-    if kind == "matchers":
-        if not isinstance(v, list) or not v:
-            raise ConfigError(src, at, "must be a non-empty list of matchers")
-        return tuple(matcher(m, f"{at}[{i}]", src) for i, m in enumerate(v))
-    convert, valid = _KINDS[kind]
-    if (out := convert(v)) is None:
-        raise ConfigError(src, at, f"must be {valid}")
-    return out
-
-
-def _options(arg: Any, at: str, src: str, schema: Mapping[str, str]) -> dict[str, Any]:
-    if not isinstance(arg, Mapping):
-        raise ConfigError(src, at, "must be a table")
-    names = {k.rstrip("!"): k for k in schema}
-    for key in arg:
-        if key not in names:
-            raise ConfigError(src, f"{at}.{key}", f"unknown key; known: {', '.join(names)}")
-    out = {}
-    for key, spec in names.items():
-        if key in arg:
-            out[key] = _convert(schema[spec], arg[key], f"{at}.{key}", src)
-        elif spec.endswith("!"):
-            raise ConfigError(src, f"{at}.{key}", "missing")
-    return out
-
-
-def load_rules(path: str | PathLike[str] | None = None) -> list[Rule]:
-    """Read and check a rules file (default: the packaged ``rules.toml``). A bad file raises
-    :class:`ConfigError` naming it and the key, e.g. ``rule[3].when.any[1].foo`` (from 0)."""
-    src = "slurmhealth/diagnose/rules.toml" if path is None else str(path)
-    try:
-        if path is None:
-            text = resources.files("slurmhealth.diagnose").joinpath("rules.toml").read_text()
-        else:
-            text = Path(path).read_text(encoding="utf-8")
-        data = tomllib.loads(text)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(src, None, f"cannot read the rules file: {exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(src, None, f"not valid TOML: {exc}") from None
-    if set(data) != {"rule"} or not isinstance(data["rule"], list):
-        raise ConfigError(src, None, "a rules file holds [[rule]] tables and nothing else")
-    rules: list[Rule] = []
-    for i, spec in enumerate(data["rule"]):
-        o = _options(spec, f"rule[{i}]", src, _SCHEMA["rule"])
-        if any(r.name == o["name"] for r in rules):
-            raise ConfigError(src, f"rule[{i}].name", f"duplicate rule name {o['name']!r}")
-        sup = o.pop("suppressed_by", None)
-        o["severity"] = Severity(o["severity"]).label
-        rules.append(Rule(**o, suppressed_by=None if sup is None else Severity(sup).label))
-    return rules
-
-
-@lru_cache(maxsize=1)
-def default_rules() -> tuple[Rule, ...]:
-    """The packaged rules, read once."""
-    return tuple(load_rules())

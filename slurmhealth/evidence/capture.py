@@ -272,8 +272,7 @@ def _entries(tasks: list[_Task], now: float) -> tuple[list[dict[str, Any]], dict
         elapsed = (now - task.started) if running and task.started else (task.elapsed or 0.0)
         for name, sink in sorted(task.outputs.items()):
             if running:
-                sink.timed_out = sink.truncated = True
-                sink.fail("did not finish within the capture budget")
+                sink.time_out("did not finish within the capture budget")
             data = sink.close()
             blobs[name] = data
             entries.append({
@@ -315,39 +314,18 @@ def capture(
     t0 = time.monotonic()
     created = time.time()
     path = bundle.bundle_path(cfg, job_id, node)
-    ev = cfg.evidence
+    window = _window(cfg, created, start_ts, end_ts)
     node_cfg = dataclasses.replace(cfg, node=dataclasses.replace(cfg.node, name=node))
-    margin = ev.kernel_margin_s
-    window = ((start_ts if start_ts is not None else created - cfg.kernel_log.lookback_s) - margin,
-              (end_ts if end_ts is not None else created) + margin)  # fmt: skip
     job = _Job(job_id=job_id, node=node, gpus=tuple(gpus), user=user, uid=uid, cfg=node_cfg,
                window=window)  # fmt: skip
     tasks, skipped = _plan(job, stdout_path, stderr_path, pids)
-    reserve = min(1.0, 0.1 * budget_s)  # time kept to write the files
-    deadline = t0 + max(0.0, budget_s - reserve)
-    threads = []
-    for task in tasks:
-        th = threading.Thread(target=task.run, args=(deadline,), daemon=True,
-                              name=f"evidence-{task.source}")  # fmt: skip
-        th.start()
-        threads.append(th)
-    for th in threads:  # sources stop themselves at the deadline: give them a moment to
-        th.join(max(0.0, deadline + reserve / 3 - time.monotonic()))  # kill and reap
+    _run(tasks, t0, budget_s)
     entries, blobs = _entries(tasks, time.monotonic())
     skipped.update({t.source: t.skip for t in tasks if t.skip and not t.outputs})
-    gid, note = bundle.admin_gid(ev.admin_group)
+    gid, note = bundle.admin_gid(cfg.evidence.admin_group)
     owner = bundle.Owner(uid, gid)
     with bundle.open_bundle(cfg, job_id, node, owner) as dir_fd:
-        for name, data in blobs.items():
-            sub, _, base = name.rpartition("/")
-            if sub:
-                sub_fd = bundle.subdir(dir_fd, sub, owner)
-                try:
-                    bundle.write_file(sub_fd, base, data, owner)
-                finally:
-                    os.close(sub_fd)
-            else:
-                bundle.write_file(dir_fd, name, data, owner)
+        _write_blobs(dir_fd, blobs, owner)
         elapsed = time.monotonic() - t0
         truncated = any(e["truncated"] for e in entries)
         notes = tuple([note] if note else []) + tuple(owner.notes)
@@ -366,6 +344,44 @@ def capture(
                         recorded, notes)  # fmt: skip
 
 
+def _window(
+    cfg: Config, created: float, start_ts: float | None, end_ts: float | None
+) -> tuple[float, float]:
+    """The kernel-log excerpt's bounds: the job's start (else ``kernel_log.lookback_s`` back)
+    to its end (else now), widened by ``evidence.kernel_margin_s``."""
+    margin = cfg.evidence.kernel_margin_s
+    start = start_ts if start_ts is not None else created - cfg.kernel_log.lookback_s
+    return start - margin, (end_ts if end_ts is not None else created) + margin
+
+
+def _run(tasks: list[_Task], t0: float, budget_s: float) -> None:
+    """Every source in its own thread; waits until ``budget_s`` less the writing reserve."""
+    reserve = min(1.0, 0.1 * budget_s)  # time kept to write the files
+    deadline = t0 + max(0.0, budget_s - reserve)
+    threads = []
+    for task in tasks:
+        th = threading.Thread(target=task.run, args=(deadline,), daemon=True,
+                              name=f"evidence-{task.source}")  # fmt: skip
+        th.start()
+        threads.append(th)
+    for th in threads:  # sources stop themselves at the deadline: give them a moment to
+        th.join(max(0.0, deadline + reserve / 3 - time.monotonic()))  # kill and reap
+
+
+def _write_blobs(dir_fd: int, blobs: dict[str, bytes], owner: bundle.Owner) -> None:
+    """Each captured file into the bundle; ``nccl/rank0.log`` into its subfolder."""
+    for name, data in blobs.items():
+        sub, _, base = name.rpartition("/")
+        if sub:
+            sub_fd = bundle.subdir(dir_fd, sub, owner)
+            try:
+                bundle.write_file(sub_fd, base, data, owner)
+            finally:
+                os.close(sub_fd)
+        else:
+            bundle.write_file(dir_fd, name, data, owner)
+
+
 def _record(
     cfg: Config, job_id: str, node: str, path: str, entries: list[dict[str, Any]], end: float
 ) -> bool:
@@ -378,5 +394,5 @@ def _record(
         ]
     )
     wait_ms = int(max(0.2, end - time.monotonic()) * 1000)
-    with History(cfg.db_path(node), cfg.spool_path(node) or None, busy_timeout_ms=wait_ms) as h:
+    with History.for_node(cfg, node, wait_ms) as h:
         return h.write(batch)

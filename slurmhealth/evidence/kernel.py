@@ -46,8 +46,7 @@ def _emit(
 ) -> None:
     for n, raw in enumerate(lines):
         if n % 1024 == 0 and time.monotonic() > deadline:
-            sink.timed_out = sink.truncated = True
-            sink.fail("kernel log scan did not finish in time")
+            sink.time_out("kernel log scan did not finish in time")
             return
         _, usec, text = parse_line(raw)
         if not text or not regex.search(text):

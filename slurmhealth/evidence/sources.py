@@ -58,6 +58,11 @@ class Sink:
             if not self._closed and self.error is None:
                 self.error = error[:500]
 
+    def time_out(self, error: str) -> None:
+        """The source ran out of time: what it wrote is cut short, ``error`` says why."""
+        self.timed_out = self.truncated = True
+        self.fail(error)
+
     def close(self) -> bytes:
         with self._lock:
             self._closed = True
@@ -90,8 +95,7 @@ def run_command(argv: Sequence[str], sink: Sink, deadline: float) -> int | None:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    sink.timed_out = sink.truncated = True
-                    sink.fail(f"{argv[0]} did not finish in time; killed")
+                    sink.time_out(f"{argv[0]} did not finish in time; killed")
                     break
                 if not sel.select(min(left, 0.5)):
                     continue
@@ -108,8 +112,7 @@ def run_command(argv: Sequence[str], sink: Sink, deadline: float) -> int | None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 rc = proc.wait(timeout=max(0.01, deadline - time.monotonic()))
             if rc is None:
-                sink.timed_out = sink.truncated = True
-                sink.fail(f"{argv[0]} did not exit in time; killed")
+                sink.time_out(f"{argv[0]} did not exit in time; killed")
             elif rc != 0:
                 sink.fail(f"{argv[0]} exited with status {rc}")
     finally:
@@ -177,8 +180,7 @@ def history_rows(
             lines.append(line)
             size += len(line)
             if n % 256 == 0 and time.monotonic() > deadline:
-                sink.timed_out = sink.truncated = True
-                sink.fail("history read did not finish in time")
+                sink.time_out("history read did not finish in time")
                 break
         sink.write(b"".join(reversed(lines)))
 

@@ -55,13 +55,17 @@ def open_library(cfg: Config) -> tuple[Any, Callable[[], float]]:
         )
     node = cfg.node_name
     scenario = load_scenario(cfg.gpu.sim_scenario)
-    kernel_log = cfg.expand(cfg.gpu.sim_kernel_log) if cfg.gpu.sim_kernel_log else ""
+    kernel_log = (
+        cfg.expand(cfg.gpu.sim_kernel_log)
+        if cfg.gpu.sim_kernel_log
+        else default_kernel_log(scenario.name, node, cfg.expand(cfg.paths.run_dir))
+    )
     if scenario.replay:
         from slurmhealth.gpu.replay import ReplayNvml, load_recording
 
         replay = ReplayNvml(
             load_recording(scenario.replay),
-            kernel_log_path=kernel_log or default_kernel_log(scenario.name, node),
+            kernel_log_path=kernel_log,
         )
         return replay, replay.clock
     lib = SimulatedNvml(scenario, node, epoch=cfg.gpu.sim_epoch, kernel_log_path=kernel_log)

@@ -47,13 +47,14 @@ _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
 }
 
 
-def default_kernel_log(scenario_name: str, node: str) -> str:
-    """Where a simulated node's kernel log goes unless ``gpu.sim_kernel_log`` says."""
-    return os.path.join(
-        os.environ.get("TMPDIR", "/tmp"),
-        f"slurmhealth-sim-{os.getuid()}",
-        f"{scenario_name}-{node}.kmsg",
-    )
+DEFAULT_RUN_DIR = "/run/slurmhealth"  # config's paths.run_dir default: root-owned
+
+
+def default_kernel_log(scenario_name: str, node: str, run_dir: str = DEFAULT_RUN_DIR) -> str:
+    """Where a simulated node's kernel log (and its scenario clock) goes unless
+    ``gpu.sim_kernel_log`` says: under the run dir, never a shared temp dir, since root
+    reads it as the kernel's own log."""
+    return os.path.join(run_dir, "sim", f"{scenario_name}-{node}.kmsg")
 
 
 @dataclass(frozen=True)

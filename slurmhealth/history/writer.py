@@ -3,6 +3,12 @@
 Writes never raise on database trouble: a batch that cannot be written is appended to a
 JSON-lines spool and ingested by the next successful write. Timestamps are UTC unix seconds.
 Plain ``sqlite3``: ``sqlite_utils`` (150 ms to import) only migrates a stale database.
+
+The files are private to root and the admin group (``history.files``). A database sqlite
+calls corrupt ("file is not a database", "database disk image is malformed") when opened
+or written is moved aside to ``<db>.corrupt-<UTC time>`` and a fresh one created; the
+fresh one counts it in the ``kv`` row ``history_corrupt_total`` and a ``history_corrupt``
+event. A locked, busy or full database is never taken for a corrupt one.
 """
 
 from __future__ import annotations
@@ -12,43 +18,95 @@ import logging
 import os
 import sqlite3
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.errors import StoreError
 from slurmhealth.history.batch import Batch, apply, immediate
+from slurmhealth.history.files import admin_gid, folder_lock, move_aside, prepare_db
 from slurmhealth.history.schema import MIGRATIONS, latest_version
-from slurmhealth.history.spool import append, ingest_all
+from slurmhealth.history.spool import DEFAULT_MAX_BYTES, Spool, SpoolFull
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
 
 log = logging.getLogger("slurmhealth.history")
+CORRUPT_KEY = "history_corrupt_total"
+_CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 def _user_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
+def is_corrupt(exc: BaseException) -> bool:
+    """Whether sqlite said the file is not a database or is malformed (never "locked",
+    "busy", "disk full" or "cannot open")."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF in _CORRUPT_CODES
+    text = str(exc)
+    return isinstance(exc, sqlite3.DatabaseError) and (
+        "file is not a database" in text or "database disk image is malformed" in text
+    )
+
+
 class History:
-    """The node's history database. ``busy_timeout_ms`` bounds waits on other writers."""
+    """The node's history database. ``busy_timeout_ms`` bounds waits on other writers;
+    files are created with group ``admin_group``; the spool holds at most
+    ``spool_max_bytes`` (0: unbounded)."""
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         spool_path: str | os.PathLike[str] | None = None,
         busy_timeout_ms: int = 5000,
+        admin_group: str = "",
+        spool_max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         # plain str paths: pathlib costs the prolog ~7 ms of imports
         self.path = os.fspath(path)
         self.spool_path = os.fspath(spool_path) if spool_path else f"{self.path}.spool.jsonl"
         self.busy_timeout_ms = int(busy_timeout_ms)
+        self._group = admin_group
+        self._max_bytes = spool_max_bytes
+        self._spool: Spool | None = None
         self._conn: sqlite3.Connection | None = None
+        self._inode = -1  # of the file our connection opened
+        self._buffer: str | None = None  # this process's own crash-safe buffer, once used
         self._ingested = 0  # batches ingested from spools by this object, ever
+
+    @classmethod
+    def for_node(cls, cfg: Config, node: str | None = None, busy_timeout_ms: int = 5000) -> History:
+        """The history of ``node`` as ``cfg`` places it (paths, admin group, spool bound)."""
+        return cls(cfg.db_path(node), cfg.spool_path(node) or None, busy_timeout_ms,
+                   cfg.evidence.admin_group, cfg.paths.spool_max_bytes)  # fmt: skip
+
+    @property
+    def spool(self) -> Spool:
+        if self._spool is None:  # the group looked up once, only when a file is made
+            self._spool = Spool(self.spool_path, admin_gid(self._group), self._max_bytes)
+        return self._spool
 
     # -- connection and schema ------------------------------------------------------------
 
     def connection(self) -> sqlite3.Connection:
-        """The read-write connection, opened (created, migrated) on first use."""
+        """The read-write connection, opened (created, migrated) on first use; a corrupt
+        file is moved aside and a fresh one created."""
         if self._conn is not None:
             return self._conn
-        os.makedirs(os.path.dirname(self.path) or ".", mode=0o750, exist_ok=True)
+        try:
+            self._conn = self._open()
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            self._recover(exc)
+        if self._conn is None:
+            self._conn = self._open()
+        return self._conn
+
+    def _open(self) -> sqlite3.Connection:
+        prepare_db(self.path, self.spool.gid)
+        self._inode = os.stat(self.path).st_ino
         conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000, isolation_level=None)
         try:
             conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
@@ -59,8 +117,26 @@ class History:
         except BaseException:
             conn.close()
             raise
-        self._conn = conn
         return conn
+
+    def _recover(self, exc: BaseException) -> None:
+        """Move the corrupt file aside (unless another process already did), open a fresh
+        one and count the event there."""
+        self.close()
+        with folder_lock(os.path.dirname(self.path) or "."):
+            if os.stat(self.path).st_ino != self._inode:
+                return  # replaced by another process since we opened it
+            moved = move_aside(self.path)
+        log.error("history %s is corrupt (%s): moved aside to %s, a fresh one is created",
+                  self.path, exc, moved)  # fmt: skip
+        conn = self._conn = self._open()
+        with immediate(conn):
+            row = conn.execute("SELECT value FROM kv WHERE key = ?", (CORRUPT_KEY,)).fetchone()
+            batch = Batch(kv={CORRUPT_KEY: 1 + (int(row[0]) if row else 0)})
+            batch.inserts.append(("events", {
+                "ts": time.time(), "kind": "history_corrupt", "severity": "warn",
+                "message": f"corrupt history moved aside to {moved}: {exc}"}))  # fmt: skip
+            apply(conn, batch, time.time())
 
     def _set_wal(self, conn: sqlite3.Connection) -> None:
         # Switching a fresh file to WAL can fail with SQLITE_BUSY without waiting on the
@@ -116,40 +192,69 @@ class History:
         Raises ``ValueError`` only for a malformed batch (unknown table or column).
         """
         batch.validate()
-        try:
-            conn = self.connection()
-            self._ingest(conn)
-            with immediate(conn):
-                apply(conn, batch, time.time())
-            return True
-        except (sqlite3.Error, OSError) as exc:
-            problem = f"{type(exc).__name__}: {exc}"
-        try:
-            append(self.spool_path, (batch.to_json() + "\n").encode())
-        except OSError as spool_exc:
-            # no fallback in a shared temp dir: a job's user could plant or read it there
-            log.error("history %s not written (%s; spool %s: %s); record lost", self.path,
-                      problem, self.spool_path, spool_exc)  # fmt: skip
-            return False
-        log.warning("history %s not written (%s); batch spooled to %s", self.path, problem,
-                    self.spool_path)  # fmt: skip
+        for attempt in (1, 2):
+            try:
+                conn = self.connection()
+                self._ingest(conn)
+                with immediate(conn):
+                    apply(conn, batch, time.time())
+                return True
+            except (sqlite3.Error, OSError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+                if attempt == 2 or not is_corrupt(exc):
+                    break
+                self._recover(exc)  # malformed at write: move aside, write to a fresh one
+        self._spool_batch(batch, problem)
         return False
 
-    def ingest_spool(self) -> int:
-        """Ingest pending spool files now; return how many batches went into the database."""
-        before = self._ingested
+    def _spool_batch(self, batch: Batch, problem: str, path: str | None = None) -> bool:
+        # no fallback in a shared temp dir: a job's user could plant or read it there
+        path = path or self.spool_path
         try:
-            self._ingest(self.connection())
-        except (sqlite3.Error, OSError) as exc:
-            log.warning("history %s: spool not ingested (%s: %s)", self.path,
-                        type(exc).__name__, exc)  # fmt: skip
+            self.spool.append((batch.to_json() + "\n").encode(), path)
+        except SpoolFull as exc:
+            self.spool.count_drop()
+            log.error("history %s not written (%s); batch dropped: %s", self.path, problem, exc)
+            return False
+        except OSError as exc:
+            log.error("history %s not written (%s; spool %s: %s); record lost", self.path,
+                      problem, path, exc)  # fmt: skip
+            return False
+        if path == self.spool_path:
+            log.warning("history %s not written (%s); batch spooled to %s", self.path, problem,
+                        path)  # fmt: skip
+        return True
+
+    def buffer(self, batch: Batch) -> bool:
+        """Append ``batch`` to this process's crash-safe buffer (one write and fsync; the
+        next :meth:`write` or :meth:`ingest_spool` of any process moves it into the
+        database); True when it is on disk. A process that is killed loses nothing
+        buffered: its buffer is ingested by the next one."""
+        batch.validate()
+        self._buffer = self.spool.buffer_path(os.getpid())
+        return self._spool_batch(batch, "buffered", self._buffer)
+
+    def ingest_spool(self) -> int:
+        """Ingest pending spool files (and our buffer) now; return how many batches went
+        into the database. On database trouble they stay in the spool."""
+        before = self._ingested
+        for attempt in (1, 2):
+            try:
+                self._ingest(self.connection())
+                break
+            except (sqlite3.Error, OSError) as exc:
+                if attempt == 1 and is_corrupt(exc):
+                    self._recover(exc)
+                    continue
+                log.warning("history %s: spool not ingested (%s: %s)", self.path,
+                            type(exc).__name__, exc)  # fmt: skip
         return self._ingested - before
 
     def _ingest(self, conn: sqlite3.Connection) -> None:
         def counted(n: int) -> None:
             self._ingested += n
 
-        ingest_all(conn, (self.spool_path,), self.path, counted)
+        self.spool.ingest(conn, self.path, counted, self._buffer)
 
     # -- node state and health ------------------------------------------------------------
 

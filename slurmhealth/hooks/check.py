@@ -125,7 +125,7 @@ def run_check(
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
 
-    history = History(cfg.db_path(), spool_path=cfg.spool_path() or None)
+    history = History.for_node(cfg)
     try:
         backend = open_backend(cfg)
         try:
@@ -162,6 +162,7 @@ def check_node(
     only for setup errors (bad settings, NVML that cannot start), never for a broken
     history: then the record is spooled and ``recorded`` is False."""
     from slurmhealth.checks import CheckContext, counters, run_checks, validate_settings
+    from slurmhealth.hooks.kernel_read import predating_findings, read_kernel_log
     from slurmhealth.kernel_log import KernelLogReader
 
     t0 = time.monotonic()
@@ -175,7 +176,7 @@ def check_node(
     reader = KernelLogReader(
         source, lookback_s=cfg.kernel_log.lookback_s, budget_s=cfg.kernel_log.budget_s
     )
-    log_read = reader.read_new(stored.get(CURSOR_KEY), time.time())
+    log_read = read_kernel_log(reader, stored.get(CURSOR_KEY), history.path, notes)
     if log_read.error:
         notes.append(f"kernel log {source}: {log_read.error}")
     ctx = CheckContext(
@@ -190,6 +191,7 @@ def check_node(
         kernel_events=log_read.kernel_events,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
+    findings += predating_findings(ctx, log_read, cfg.checks.settings, cfg.checks.disabled)
     result = CheckResult(
         run_id=os.urandom(16).hex(),
         node=snapshot.node,

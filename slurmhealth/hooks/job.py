@@ -9,24 +9,10 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from slurmhealth.errors import UsageError
-from slurmhealth.model import Job
+from slurmhealth.model import Job, parse_gpu_list
 from slurmhealth.slurm import SlurmBackend, SlurmError
 
 log = logging.getLogger("slurmhealth.hooks")
-
-
-def parse_gpu_list(text: str) -> tuple[int, ...]:
-    """``SLURM_JOB_GPUS`` (``0,1,3``; some versions use ranges ``0-3``)."""
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo, _, hi = part.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise UsageError(f"SLURM_JOB_GPUS: cannot read {text!r}")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return tuple(sorted(set(out)))
 
 
 def job_from_env(env: Mapping[str, str], node: str) -> Job:

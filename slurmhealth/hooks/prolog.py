@@ -282,7 +282,7 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
 
     job = job_from_env(env, cfg.node_name)
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
-    history = History(cfg.db_path(job.node), spool_path=cfg.spool_path(job.node) or None)
+    history = History.for_node(cfg, job.node)
     try:
         return run_hook(cfg, job, env, phase, Adapters(slurm, lambda: open_backend(cfg), history))
     finally:

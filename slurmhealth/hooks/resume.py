@@ -53,14 +53,14 @@ def passing_validation(
 
 
 def _validated(cfg: Config, node: str, reason_time: float | None) -> bool:
-    from slurmhealth.history import History, StoreError
-    from slurmhealth.history.read import check_runs, drain_rows
+    from slurmhealth.history import StoreError
+    from slurmhealth.history.read import Reader, check_runs, drain_rows
 
     path = cfg.db_path(node)
     if not os.path.exists(path):
         return False
     try:
-        with History(path) as db:
+        with Reader(path) as db:  # an operator reads: never creates nor fixes files
             since = drained_since(reason_time, drain_rows(db, node=node, state="drained"))
             runs = check_runs(db, node=node, phase="validate", limit=50)
     except StoreError:
@@ -73,7 +73,7 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
     from slurmhealth.history import History
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
-    with History(cfg.db_path(node), spool_path=cfg.spool_path(node) or None) as history:
+    with History.for_node(cfg, node) as history:
         return resume(cfg, slurm, history, node, reason, force=force)
 
 
@@ -141,8 +141,7 @@ def node_overview(cfg: Config) -> list[dict[str, Any]]:
 
 def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
     """Slurm's view of every node next to the last check in that node's history."""
-    from slurmhealth.history import History
-    from slurmhealth.history.read import runs
+    from slurmhealth.history.read import Reader, runs
 
     rows = []
     for n in sorted(slurm.nodes(), key=lambda n: n.name):
@@ -158,7 +157,7 @@ def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
         }
         path = cfg.db_path(n.name)
         if ("{node}" in cfg.paths.db or n.name == cfg.node_name) and os.path.exists(path):
-            with History(path) as db:
+            with Reader(path) as db:
                 last = runs(db, node=n.name, limit=1)
             if last:
                 run = last[0]

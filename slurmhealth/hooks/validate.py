@@ -240,7 +240,7 @@ def _mark(cfg: Config, run_id: str, status: str) -> None:
     from slurmhealth.history import Batch, History
 
     run = {"run_id": run_id, "phase": PHASE, "status": status}
-    with History(cfg.db_path(), spool_path=cfg.spool_path() or None) as db:
+    with History.for_node(cfg) as db:
         db.write(Batch(upserts=[("check_runs", run, "run_id")]))
 
 
@@ -273,5 +273,5 @@ def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
         "status": result.status,
         "exit_code": result.exit_code,
     }
-    with History(cfg.db_path(), spool_path=cfg.spool_path() or None) as db:
+    with History.for_node(cfg) as db:
         db.write(Batch(inserts=findings, upserts=[("check_runs", run, "run_id")]))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurmhealth.kernel_log.parse import might_be_fault, parse_xid, split_line
+from slurmhealth.kernel_log.position import decode
 from slurmhealth.model import KernelEvent, XidEvent
 
 _XID_MARK = "NVRM: Xid ("
@@ -33,6 +34,11 @@ class ReadResult:
     pass it to the next call. ``available`` is False when the source could not be read at
     all (then ``cursor`` is the one passed in). ``error`` is one line: why the source is
     unavailable, or that the read was partial (capped).
+
+    ``rebuilt`` is True when the position passed in was unreadable (none, malformed, another
+    source's): the position was rebuilt from the end of the log, and what the lookback window
+    held is in ``old_events`` / ``old_kernel_events``, logged before the position: to record,
+    never to act on.
     """
 
     events: tuple[XidEvent, ...]
@@ -40,6 +46,9 @@ class ReadResult:
     available: bool
     error: str | None = None
     kernel_events: tuple[KernelEvent, ...] = ()
+    old_events: tuple[XidEvent, ...] = ()
+    old_kernel_events: tuple[KernelEvent, ...] = ()
+    rebuilt: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,7 @@ class _Scan:
     cursor: dict[str, Any]
     first: bool = True
     error: str | None = None  # a source's own "partial read" note
+    old_before: float | None = None  # records logged before this (UTC s) predate the position
 
 
 class _Unavailable(Exception):
@@ -70,6 +80,14 @@ def _kernel_events(recs: list[_Record], xids: tuple[XidEvent, ...]) -> tuple[Ker
     joiner = EventJoiner()
     events = [e for r in recs for e in joiner.feed(r.text, seq=r.seq, ts=r.ts)]
     return tuple(resolve_gpu_numbers(events, xids))
+
+
+def _faults(recs: list[_Record]) -> tuple[tuple[XidEvent, ...], tuple[KernelEvent, ...]]:
+    """The Xids and the other GPU faults in ``recs``."""
+    xids = [parse_xid(r.text, seq=r.seq, ts=r.ts) for r in recs if _XID_MARK in r.text]
+    found = tuple(x for x in xids if x is not None)
+    rest = [r for r in recs if _XID_MARK not in r.text]
+    return found, (_kernel_events(rest, found) if rest else ())
 
 
 def _ts(boot: float | None, usec: int | None) -> float | None:
@@ -92,8 +110,9 @@ class KernelLogReader:
 
     ``source``: ``"kmsg"`` (``/dev/kmsg``), ``"journalctl"`` (``journalctl -k``), ``"dmesg"``
     (``dmesg --raw``), ``"none"`` (disabled) or a path to a file of kmsg-format or plain lines.
-    With no cursor, or one from another boot or file, only records from the last
-    ``lookback_s`` seconds count. One read stops after ``max_records`` new records or
+    With a cursor from another boot or file only records from the last ``lookback_s``
+    seconds count; with no readable cursor they come back as old (never to act on) and the
+    new cursor is the end of the log. One read stops after ``max_records`` new records or
     ``budget_s`` seconds. ``boot_time`` (UTC seconds) overrides ``now - /proc/uptime``.
     """
 
@@ -118,13 +137,20 @@ class KernelLogReader:
         self.budget_s = budget_s
         self.boot_time = boot_time
 
-    def read_new(self, cursor: dict[str, Any] | None, now: float) -> ReadResult:
-        """Return the Xid events logged after ``cursor`` and the cursor to store next."""
-        cur = dict(cursor) if cursor else {}
+    def read_new(self, cursor: Any, now: float) -> ReadResult:
+        """Return the Xid events logged after ``cursor`` and the cursor to store next.
+
+        ``cursor`` may be whatever a store held: one that is not a readable position of this
+        source is rebuilt from the end of the log (see :class:`ReadResult`).
+        """
+        kept = dict(cursor) if isinstance(cursor, dict) else {}
         if self.source == "none":
-            return ReadResult((), cur, False, None)
+            return ReadResult((), kept, False, None)
+        pos = decode(cursor)
+        rebuild = pos is None or pos["source"] != self.kind
         deadline = time.monotonic() + self.budget_s
-        scan = _Scan(cur)
+        scan = _Scan({} if rebuild or pos is None else pos)
+        scan.old_before = now if rebuild or pos is None else pos.get("old_before")
         try:
             with contextlib.ExitStack() as stack:
                 if self.source == "kmsg":
@@ -135,13 +161,20 @@ class KernelLogReader:
                     recs = self._dmesg(scan, now, deadline)
                 else:
                     recs = self._file(scan, now, stack)
-                return self._drain(recs, scan, now, deadline)
+                return self._drain(recs, scan, now, deadline, rebuild)
         except _Unavailable as e:
-            return ReadResult((), cur, False, str(e))
+            return ReadResult((), kept, False, str(e))
         except Exception as e:  # an adapter never raises: report and keep the cursor
-            return ReadResult((), cur, False, f"kernel log ({self.source}): {e!r}"[:300])
+            return ReadResult((), kept, False, f"kernel log ({self.source}): {e!r}"[:300])
 
-    def _drain(self, recs: _Records, scan: _Scan, now: float, deadline: float) -> ReadResult:
+    @property
+    def kind(self) -> str:
+        """The source kind a position of this reader names: kmsg, journalctl, dmesg or file."""
+        return self.source if self.source in ("kmsg", "journalctl", "dmesg") else "file"
+
+    def _drain(
+        self, recs: _Records, scan: _Scan, now: float, deadline: float, rebuild: bool
+    ) -> ReadResult:
         candidates: list[_Record] = []
         any_time = False
         n = 0
@@ -159,15 +192,24 @@ class KernelLogReader:
                 scan.error = f"partial read: {self.budget_s:g} s budget spent after {n} records"
                 break
         cutoff = now - self.lookback_s
-        if scan.first:  # first read: only recent records (untimed ones if nothing has times)
-            candidates = [
-                r for r in candidates if not (any_time if r.ts is None else r.ts < cutoff)
-            ]
-        xids = [parse_xid(r.text, seq=r.seq, ts=r.ts) for r in candidates if _XID_MARK in r.text]
-        found = tuple(x for x in xids if x is not None)
-        rest = [r for r in candidates if _XID_MARK not in r.text]
-        kernel = _kernel_events(rest, found) if rest else ()
-        return ReadResult(found, scan.cursor, True, scan.error, kernel)
+
+        def recent(r: _Record) -> bool:  # untimed records count only if nothing has times
+            return not (any_time if r.ts is None else r.ts < cutoff)
+
+        if scan.first:
+            candidates = [r for r in candidates if recent(r)]
+        before = scan.old_before
+        if rebuild or before is None:
+            old, new = (candidates, []) if rebuild else ([], candidates)
+        else:  # a rebuild still catching up: what was logged before it is old too
+            old = [r for r in candidates if (r.ts is None or r.ts < before) and recent(r)]
+            new = [r for r in candidates if not (r.ts is None or r.ts < before)]
+        cursor = {**scan.cursor, "saved": now}
+        if before is not None and scan.error is not None:
+            cursor["old_before"] = before  # partial: the next read goes on catching up
+        xids, kernel = _faults(new)
+        old_xids, old_kernel = _faults(old)
+        return ReadResult(xids, cursor, True, scan.error, kernel, old_xids, old_kernel, rebuild)
 
     def _boot(self, now: float) -> float | None:
         """Boot time in UTC seconds: ``boot_time`` if given, else now - /proc/uptime."""

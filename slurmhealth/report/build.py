@@ -13,6 +13,7 @@ Refusals: a user may read only their own jobs; root and the configured admin gro
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import statistics
@@ -23,11 +24,13 @@ from typing import Any
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
-from slurmhealth.errors import UsageError
+from slurmhealth.errors import StoreError, UsageError
 from slurmhealth.history import read
 from slurmhealth.report import sources as src
 from slurmhealth.report.incidents import Incident
 from slurmhealth.report.sources import NodeEvidence, PastIncident
+
+log = logging.getLogger("slurmhealth.report")
 
 SCHEMA = "slurmhealth.report/1"
 STRAGGLER_RATIO = 0.75  # a GPU below this share of the job's median utilisation
@@ -142,13 +145,19 @@ def build_report(
     """
     job_id = _check_id(job_id)
     summaries = src.summaries(cfg, job_id)
-    job, owner, dbs = src.scan(cfg, job_id, summaries)
+    job, owner, dbs, unreadable = src.scan(cfg, job_id, summaries)
     try:
         where = [d.path for d in dbs] or read.history_paths(cfg)
         where = where or [f"{cfg.db_path()} (missing)"]
         where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
         if job is None and not summaries and not any(d.nodes for d in dbs):
+            if unreadable:  # the job may well be in there: say so, not "no record"
+                raise StoreError("; ".join(f"history {p} cannot be read: {why}"
+                                           for p, why in unreadable.items()))  # fmt: skip
             raise UsageError(f"no record of job {job_id} in {', '.join(where)}")
+        for path, why in unreadable.items():
+            log.warning("history %s cannot be read (%s): the report may miss part of job %s",
+                        path, why, job_id)  # fmt: skip
         job = job or JobFacts(job_id=job_id)
         if requester_uid is not None:
             check_permission(cfg, job, owner, requester_uid)

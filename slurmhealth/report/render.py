@@ -6,13 +6,30 @@ No logic beyond layout: everything shown is in the report. The JSON is documente
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, fields
 from typing import Any
 
-from slurmhealth.diagnose.facts import GpuStats
+from slurmhealth.diagnose.facts import Diagnosis
 from slurmhealth.report.build import SCHEMA, Report
+from slurmhealth.report.layout import (
+    PAST_COLUMNS,
+    STRAGGLER_COLUMNS,
+    TIMELINE_COLUMNS,
+    gpu_columns,
+    gpu_row,
+    header,
+    notable,
+    num,
+    past_rows,
+    straggler_rows,
+    timeline_rows,
+    utc,
+    where,
+    worst_severity,
+    xid_text,
+    xids_by_gpu,
+)
 
 SEVERITY_STYLE = {
     "critical": "bold red",
@@ -23,73 +40,6 @@ SEVERITY_STYLE = {
 }
 TERMINAL_TIMELINE = 30  # entries shown on screen (nearest the failure); JSON has them all
 SPARK = "▁▂▃▄▅▆▇█"
-
-
-def utc(ts: float | None) -> str:
-    """``2024-05-01T12:00:03Z`` (ISO 8601, UTC), or ``-``."""
-    return "-" if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def _num(v: float | None, fmt: str = ".0f", unit: str = "") -> str:
-    return "-" if v is None else f"{v:{fmt}}{unit}"
-
-
-def gpu_row(g: GpuStats) -> dict[str, str]:
-    """One GPU's stats as display strings (terminal, markdown and HTML tables)."""
-    throttle = ", ".join(f"{k} {v:.0f}s" for k, v in sorted(g.throttle_seconds.items()) if v)
-    return {
-        "util mean/p5 %": f"{_num(g.util_mean)}/{_num(g.util_p5)}",
-        "mem peak": _num(
-            None if g.mem_peak_bytes is None else g.mem_peak_bytes / 2**30, ".1f", " GiB"
-        ),
-        "power mean": _num(g.power_mean_w, ".0f", " W"),
-        "temp max / margin min": f"{_num(g.temp_max_c, '.0f', ' C')} / "
-        f"{_num(g.margin_min_c, '.0f', ' C')}",
-        "throttle": throttle or "-",
-        "NVLink err Δ": str(g.nvlink_errors_delta),
-        "PCIe replay Δ": str(g.pcie_replays_delta),
-    }
-
-
-def notable(g: GpuStats) -> bool:
-    """Anything on this GPU an operator should look at (the terminal hides the others)."""
-    return bool(
-        any(g.throttle_seconds.values())
-        or g.nvlink_errors_delta
-        or g.pcie_replays_delta
-        or (g.margin_min_c is not None and g.margin_min_c < 5)
-        or g.util_swings > 10
-    )
-
-
-def xids_by_gpu(report: Report) -> dict[tuple[str, int], list[int]]:
-    out: dict[tuple[str, int], list[int]] = {}
-    for nf in report.nodes:
-        for row in (*nf.findings, *nf.events):
-            ev = row.get("evidence")
-            if row.get("gpu") is not None and isinstance(ev, dict) and "xid" in ev:
-                xs = out.setdefault((nf.node, int(row["gpu"])), [])
-                if ev["xid"] not in xs:
-                    xs.append(ev["xid"])
-    return out
-
-
-def header(report: Report) -> list[tuple[str, str]]:
-    j = report.job
-    return [
-        ("job", j.job_id),
-        ("user", j.user or "-"),
-        ("account", j.account or "-"),
-        ("partition", j.partition or "-"),
-        ("QOS", j.qos or "-"),
-        ("priority", "-" if j.priority is None else str(j.priority)),
-        ("nodes", ",".join(j.nodes) or "-"),
-        ("GPUs", ",".join(map(str, j.gpus)) or "-"),
-        ("start", utc(j.start_ts)),
-        ("end", utc(j.end_ts)),
-        ("state", j.state or "-"),
-        ("exit", j.exit_code or "-"),
-    ]
 
 
 def sparkline(values: Iterable[float | None], top: float, width: int = 24) -> str:
@@ -154,9 +104,8 @@ def _md_table(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str
     return out
 
 
-def to_markdown(report: Report) -> str:
-    j = report.job
-    lines = [f"# slurmhealth report: job {j.job_id}", ""]
+def _md_head(report: Report) -> list[str]:
+    lines = [f"# slurmhealth report: job {report.job.job_id}", ""]
     lines += [*_md_table(["field", "value"], header(report)), ""]
     lines += [f"**Verdict:** {report.verdict}", ""]
     if report.failure_ts is not None:
@@ -165,76 +114,79 @@ def to_markdown(report: Report) -> str:
             + (f" (timeline within ±{report.window_s:g} s)" if report.window_s else ""),
             "",
         ]
-    lines += ["## Timeline (UTC)", ""]
-    lines += _md_table(
-        ["time", "node", "GPU", "kind", "severity", "what"],
-        [(utc(e.ts), e.node, e.gpu, e.kind, e.severity, e.text) for e in report.timeline],
-    )
-    lines += ["", "## GPUs", ""]
+    return [*lines, "## Timeline (UTC)", "", *_md_table(TIMELINE_COLUMNS, timeline_rows(report))]
+
+
+def _md_gpus(report: Report) -> list[str]:
+    """The GPU table with a sparkline of utilisation and of power per GPU."""
     xids = xids_by_gpu(report)
     rows = []
     for nf in report.nodes:
         for g in nf.gpus:
-            stats = gpu_row(g)
             util = sparkline((p[1] for p in g.series), 100.0)
             power = sparkline(
                 (p[2] for p in g.series), max((p[2] or 0 for p in g.series), default=0)
             )
-            xs = ",".join(map(str, xids.get((nf.node, g.gpu), []))) or "-"
-            rows.append((nf.node, g.gpu, *stats.values(), xs, util, power))
-    cols = ["node", "GPU", *gpu_row(GpuStats(gpu=0)).keys(), "Xids", "util plot", "power plot"]
-    lines += _md_table(cols, rows)
-    if report.stragglers:
-        lines += ["", "## Stragglers", ""]
-        lines += _md_table(
-            ["node", "GPU", "source", "what"],
-            [(s.node, s.gpu, s.source, s.text) for s in report.stragglers],
-        )
+            xs = xid_text(xids, nf.node, g.gpu)
+            rows.append((nf.node, g.gpu, *gpu_row(g).values(), xs, util, power))
+    cols = ["node", "GPU", *gpu_columns(), "Xids", "util plot", "power plot"]
+    return ["", "## GPUs", "", *_md_table(cols, rows)]
+
+
+TASK_COLUMNS = (
+    "node",
+    "steps",
+    "step s (median)",
+    "samples/s first -> last",
+    "MFU",
+    "comm",
+    "data wait",
+)
+
+
+def _md_tasks(report: Report) -> list[str]:
     tasks = [(nf.node, nf.task) for nf in report.nodes if nf.task]
-    if tasks:
-        lines += ["", "## Task metrics", ""]
-        lines += _md_table(
-            [
-                "node",
-                "steps",
-                "step s (median)",
-                "samples/s first -> last",
-                "MFU",
-                "comm",
-                "data wait",
-            ],
-            [
-                (
-                    n,
-                    t.steps_total,
-                    _num(t.step_seconds_median, ".3g"),
-                    f"{_num(t.samples_per_second_first, '.4g')} -> "
-                    f"{_num(t.samples_per_second_last, '.4g')}",
-                    _num(t.mfu_ratio, ".0%"),
-                    _num(t.comm_ratio, ".0%"),
-                    _num(t.data_wait_ratio, ".0%"),
-                )
-                for n, t in tasks
-            ],
+    if not tasks:
+        return []
+    rows = [
+        (
+            n,
+            t.steps_total,
+            num(t.step_seconds_median, ".3g"),
+            f"{num(t.samples_per_second_first, '.4g')} -> {num(t.samples_per_second_last, '.4g')}",
+            num(t.mfu_ratio, ".0%"),
+            num(t.comm_ratio, ".0%"),
+            num(t.data_wait_ratio, ".0%"),
         )
-    lines += ["", "## Diagnoses", ""]
+        for n, t in tasks
+    ]
+    return ["", "## Task metrics", "", *_md_table(TASK_COLUMNS, rows)]
+
+
+def _md_diagnosis(d: Diagnosis) -> list[str]:
+    at = where(d)
+    lines = [
+        f"### {d.title} ({d.severity}, confidence {d.confidence:.0%})"
+        + (f" on {at}" if at else ""),
+        "",
+        f"- root cause: {d.root_cause}",
+        f"- verify: {d.verify}",
+        f"- action: {d.action}",
+    ]
+    for c in d.citations:
+        lines.append(
+            f"- evidence ({c.kind}): {c.text}"
+            + (f" [{c.ref}]" if c.ref else "")
+            + (f" at {utc(c.ts)}" if c.ts else "")
+        )
+    return [*lines, ""]
+
+
+def _md_tail(report: Report) -> list[str]:
+    """Diagnoses, evidence and past incidents."""
+    lines = ["", "## Diagnoses", ""]
     for d in report.diagnoses:
-        where = " ".join(x for x in (d.node or "", "" if d.gpu is None else f"GPU {d.gpu}") if x)
-        lines += [
-            f"### {d.title} ({d.severity}, confidence {d.confidence:.0%})"
-            + (f" on {where}" if where else ""),
-            "",
-            f"- root cause: {d.root_cause}",
-            f"- verify: {d.verify}",
-            f"- action: {d.action}",
-        ]
-        for c in d.citations:
-            lines.append(
-                f"- evidence ({c.kind}): {c.text}"
-                + (f" [{c.ref}]" if c.ref else "")
-                + (f" at {utc(c.ts)}" if c.ts else "")
-            )
-        lines.append("")
+        lines += _md_diagnosis(d)
     if not report.diagnoses:
         lines += ["No diagnosis matched.", ""]
     lines += ["## Evidence", ""]
@@ -245,10 +197,15 @@ def to_markdown(report: Report) -> str:
         )
         lines += [f"  - {f['path']}" for f in e.files]
     lines += ["", "## Past incidents (same node+GPU or Xid)", ""]
-    lines += _md_table(
-        ["time", "job", "node", "GPU", "severity", "what"],
-        [(utc(i.ts), i.job_id, i.node, i.gpu, i.severity, i.what) for i in report.past_incidents],
-    )
+    return lines + _md_table(PAST_COLUMNS, past_rows(report))
+
+
+def to_markdown(report: Report) -> str:
+    lines = _md_head(report) + _md_gpus(report)
+    if report.stragglers:
+        lines += ["", "## Stragglers", ""]
+        lines += _md_table(STRAGGLER_COLUMNS, straggler_rows(report))
+    lines += _md_tasks(report) + _md_tail(report)
     return "\n".join(lines) + "\n"
 
 
@@ -264,50 +221,53 @@ def _near_failure(report: Report, n: int) -> tuple[list[Any], int]:
     return keep, len(entries) - n
 
 
-def print_report(report: Report, console: Any = None) -> None:
-    """One screen: header, verdict, timeline, GPUs, diagnoses, evidence, past incidents."""
-    from rich.console import Console
-    from rich.panel import Panel
+def _print_table(
+    con: Any,
+    title: str,
+    cols: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    styles: Sequence[str] | None = None,
+) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    con = console or Console(soft_wrap=False, emoji=False, highlight=False)
+    t = Table(title=title, title_justify="left")
+    for c in cols:
+        t.add_column(c, overflow="fold")
+    for i, row in enumerate(rows):
+        t.add_row(
+            *(Text("-" if v is None else str(v)) for v in row),
+            style=styles[i] if styles else None,
+        )
+    con.print(t)
+
+
+def _print_head(report: Report, con: Any) -> None:
+    """The job panel, the verdict and the timeline nearest the failure."""
+    from rich.panel import Panel
+    from rich.text import Text
+
     head = Text()
     for n, (k, v) in enumerate(header(report)):
         head.append(f"{k}: ", style="bold")
         head.append(v + ("\n" if n % 4 == 3 and n < 11 else "   "))
     con.print(Panel(head, title=f"job {report.job.job_id}", title_align="left"))
-    worst = max(
-        (d.severity for d in report.diagnoses),
-        key=["info", "warn", "fail", "critical"].index,
-        default="ok",
-    )
-    con.print(Text("verdict: ", style="bold") + Text(report.verdict, SEVERITY_STYLE.get(worst, "")))
-
-    def table(
-        title: str,
-        cols: Sequence[str],
-        rows: Iterable[Sequence[Any]],
-        styles: Sequence[str] | None = None,
-    ) -> None:
-        t = Table(title=title, title_justify="left")
-        for c in cols:
-            t.add_column(c, overflow="fold")
-        for i, row in enumerate(rows):
-            t.add_row(
-                *(Text("-" if v is None else str(v)) for v in row),
-                style=styles[i] if styles else None,
-            )
-        con.print(t)
-
+    style = SEVERITY_STYLE.get(worst_severity(report), "")
+    con.print(Text("verdict: ", style="bold") + Text(report.verdict, style))
     shown, hidden = _near_failure(report, TERMINAL_TIMELINE)
-    title = "timeline (UTC)" + (f", {hidden} more: --window or --json" if hidden else "")
-    table(
-        title,
+    _print_table(
+        con,
+        "timeline (UTC)" + (f", {hidden} more: --window or --json" if hidden else ""),
         ["time", "node", "GPU", "kind", "what"],
         [(utc(e.ts), e.node, e.gpu, e.kind, e.text) for e in shown],
         [SEVERITY_STYLE.get(e.severity, "") for e in shown],
     )
+
+
+def _print_gpus(report: Report, con: Any) -> None:
+    """Only the GPUs with something to look at; the others are counted."""
+    from rich.text import Text
+
     xids = xids_by_gpu(report)
     odd = {(s.node, s.gpu) for s in report.stragglers} | set(xids)
     odd |= {(d.node, d.gpu) for d in report.diagnoses if d.node and d.gpu is not None}
@@ -315,37 +275,49 @@ def print_report(report: Report, console: Any = None) -> None:
     for nf in report.nodes:
         for g in nf.gpus:
             if (nf.node, g.gpu) in odd or notable(g):
-                xs = ",".join(map(str, xids.get((nf.node, g.gpu), []))) or "-"
-                rows.append((nf.node, g.gpu, *gpu_row(g).values(), xs))
+                rows.append((nf.node, g.gpu, *gpu_row(g).values(), xid_text(xids, nf.node, g.gpu)))
             else:
                 quiet.append(f"{nf.node}:{g.gpu}")
     title = "GPUs" + (f" ({len(quiet)} more without anything notable)" if quiet else "")
     if rows:
-        table(title, ["node", "GPU", *gpu_row(GpuStats(gpu=0)), "Xids"], rows)
+        _print_table(con, title, ["node", "GPU", *gpu_columns(), "Xids"], rows)
     elif quiet:
         con.print(Text(f"GPUs: {len(quiet)}, nothing notable (--json or --html for stats)"))
-    if report.stragglers:
-        table(
-            "stragglers",
-            ["node", "GPU", "what"],
-            [(s.node, s.gpu, s.text) for s in report.stragglers],
-        )
+
+
+def _print_diagnoses(report: Report, con: Any) -> None:
+    from rich.text import Text
+
     for d in report.diagnoses:
-        where = " ".join(x for x in (d.node or "", "" if d.gpu is None else f"GPU {d.gpu}") if x)
+        at = where(d)
         con.print(
-            Text(
-                f"{d.title}" + (f" ({where})" if where else ""),
-                SEVERITY_STYLE.get(d.severity, "bold"),
-            )
+            Text(f"{d.title}" + (f" ({at})" if at else ""), SEVERITY_STYLE.get(d.severity, "bold"))
         )
         for label, value in (("cause", d.root_cause), ("verify", d.verify), ("action", d.action)):
             con.print(Text(f"  {label}: ", style="bold") + Text(value))
         for c in d.citations[:5]:
             con.print(Text(f"  evidence: {c.text}" + (f" [{c.ref}]" if c.ref else ""), "dim"))
-    _print_tail(report, con, table)
 
 
-def _print_tail(report: Report, con: Any, table: Any) -> None:
+def print_report(report: Report, console: Any = None) -> None:
+    """One screen: header, verdict, timeline, GPUs, diagnoses, evidence, past incidents."""
+    from rich.console import Console
+
+    con = console or Console(soft_wrap=False, emoji=False, highlight=False)
+    _print_head(report, con)
+    _print_gpus(report, con)
+    if report.stragglers:
+        _print_table(
+            con,
+            "stragglers",
+            ["node", "GPU", "what"],
+            [(s.node, s.gpu, s.text) for s in report.stragglers],
+        )
+    _print_diagnoses(report, con)
+    _print_tail(report, con)
+
+
+def _print_tail(report: Report, con: Any) -> None:
     from rich.text import Text
 
     for e in report.evidence:
@@ -354,13 +326,15 @@ def _print_tail(report: Report, con: Any, table: Any) -> None:
             + Text(f"{e.bundle_dir or '-'} manifest {e.manifest or '-'} ({len(e.files)} files)")
         )
     if report.known_incidents:
-        table(
+        _print_table(
+            con,
             "known incidents (slurmhealth incident add)",
             ["why", "job", "symptom", "root cause", "fix"],
             [(w, i.job_id, i.symptom, i.root_cause, i.fix) for w, i in report.known_incidents],
         )
     if report.past_incidents:
-        table(
+        _print_table(
+            con,
             "past incidents (same node+GPU or Xid)",
             ["time", "job", "node", "GPU", "what"],
             [(utc(i.ts), i.job_id, i.node, i.gpu, i.what) for i in report.past_incidents],

@@ -104,22 +104,26 @@ def _owner(db: read.Reader, job_id: str) -> int | None:
 
 def scan(
     cfg: Config, job_id: str, found: Summaries
-) -> tuple[JobFacts | None, int | None, list[OpenHistory]]:
-    """The job row and owner from every reachable history, and which nodes each one holds.
+) -> tuple[JobFacts | None, int | None, list[OpenHistory], dict[str, str]]:
+    """The job row and owner from every reachable history, which nodes each one holds, and
+    the histories that could not be read (path -> why: corrupt, not a history, no access).
     Two passes: the first may learn the job's node list, whose histories the second opens.
     The caller closes the returned histories."""
     job: JobFacts | None = None
     owner: int | None = None
     dbs: list[OpenHistory] = []
+    unreadable: dict[str, str] = {}
     paths = read.history_paths(cfg)
     for _ in range(2):
         for path in paths:
-            if any(d.path == path for d in dbs) or (db := read.open_reader(path)) is None:
+            if any(d.path == path for d in dbs) or path in unreadable:
                 continue
+            db = read.Reader(path)
             try:
                 nodes, row = read.nodes_of_job(db, job_id), job_facts(db, job_id)
-            except read.StoreError:
+            except read.StoreError as exc:
                 db.close()
+                unreadable[path] = str(exc.__cause__ or exc)
                 continue
             dbs.append(OpenHistory(path, db, nodes))
             job = job if row is None else merge_job(job, row)
@@ -135,7 +139,7 @@ def scan(
                 extra["nodes"] = tuple(extra.get("nodes") or ())
                 extra["gpus"] = tuple(extra.get("gpus") or ())
                 job = merge_job(job, JobFacts(**extra))
-    return job, owner, dbs
+    return job, owner, dbs, unreadable
 
 
 def read_nodes(

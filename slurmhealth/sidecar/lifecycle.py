@@ -64,9 +64,23 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
     return proc.pid
 
 
+def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
+    """A ``sidecar_died`` event: its pid file is there, its process is not (SIGKILL, OOM
+    killer, a crash). Writing it also ingests what the dead sidecar had buffered."""
+    from slurmhealth.history import Batch, History
+
+    message = f"sidecar {pid} died while the job ran (killed or crashed)"
+    log.warning("job %s node %s: %s", job_id, node, message)
+    row = {"ts": time.time(), "node": node, "job_id": job_id, "kind": "sidecar_died",
+           "severity": "warn", "message": message}  # fmt: skip
+    with History.for_node(cfg, node, busy_timeout_ms=1000) as history:
+        history.write(Batch(inserts=[("events", row)]))
+
+
 def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     """SIGTERM the job's sidecar, give it ``stop_grace_s`` for its final flush, then
-    SIGKILL; remove whatever it left. Returns what happened, for the log."""
+    SIGKILL; remove whatever it left. A pid file without its process is a dead sidecar:
+    recorded as a ``sidecar_died`` event. Returns what happened, for the log."""
     files = SidecarFiles.of(cfg, node, job_id)
     outcome = "no sidecar"
     try:
@@ -85,6 +99,9 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
             outcome = f"sidecar {pid} killed after {cfg.sidecar.stop_grace_s:g} s"
         else:
             outcome = f"sidecar {pid} stopped"
+    elif pid:
+        outcome = f"sidecar {pid} died before the epilog"
+        _record_death(cfg, node, job_id, pid)
     for path in (files.pid, files.export):  # a killed sidecar's series go with its file
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)

@@ -11,6 +11,7 @@ detectors, and batches samples and events into the node's history. It exits on S
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -21,13 +22,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from slurmhealth.config import Config
-from slurmhealth.history import rows
-from slurmhealth.model import (
-    ExportState,
-    JobLabels,
-    XidEvent,
-    normalize_pci_bus_id,
-)
+from slurmhealth.history import Batch, History, rows
+from slurmhealth.model import ExportState, JobLabels, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.state import Event
 
 log = logging.getLogger("slurmhealth.sidecar")
@@ -56,11 +52,41 @@ class SidecarFiles:
 
 
 def _write_atomic(path: str, text: str) -> None:
+    """``text`` into ``path`` whole or not at all; no temporary file left behind (a full
+    disk) and none followed (``O_EXCL`` never opens a planted symlink)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)  # left by an earlier process with our pid
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            data = text.encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, f"short write to {tmp}")
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def lifecycle_log() -> logging.Logger:
+    """The logger of the sidecar's start, stop and death: stderr (the hook's format, with
+    the job and node) and, where there is one, syslog (the prolog sends stderr nowhere)."""
+    if not _life.handlers and os.path.exists("/dev/log"):
+        from logging.handlers import SysLogHandler
+
+        with contextlib.suppress(OSError):
+            handler = SysLogHandler(address="/dev/log")
+            handler.setFormatter(logging.Formatter("slurmhealth-sidecar: %(message)s"))
+            _life.addHandler(handler)
+    return _life
+
+
+_life = logging.getLogger("slurmhealth.sidecar.lifecycle")
 
 
 class Sidecar:
@@ -83,6 +109,8 @@ class Sidecar:
         self._seen_xids: dict[tuple[str, int], float] = {}
         self._captured = False
         self._publish_failed = False
+        self._history: History | None = None
+        self._why_stopped = "job gone"
         from slurmhealth.metrics import SidecarCollector
 
         mc = cfg.metrics
@@ -126,19 +154,25 @@ class Sidecar:
                 os.unlink(path)
 
     # -- history -------------------------------------------------------------------------
-    def _flush(self) -> None:
-        if not (self._pending_samples or self._pending_events):
-            return
-        from slurmhealth.history import Batch, History
-
-        batch = Batch(
-            inserts=[("samples", r) for r in self._pending_samples]
-            + [("events", r) for r in self._pending_events]
-        )
-        self._pending_samples, self._pending_events = [], []
-        history = History(self.cfg.db_path(self.node), self.cfg.spool_path(self.node) or None)
-        history.write(batch)
-        history.close()
+    def _flush(self, ingest: bool = True, busy_timeout_ms: int = 1000) -> None:
+        """This interval's rows onto disk (one append and fsync to our buffer: a kill
+        loses at most the interval in progress); with ``ingest``, the buffer into the
+        database, or into the spool when the database is busy (never lost)."""
+        if self._history is None:
+            self._history = History.for_node(self.cfg, self.node, busy_timeout_ms)
+        history = self._history
+        history.busy_timeout_ms = busy_timeout_ms
+        if self._pending_samples or self._pending_events:
+            batch = Batch(
+                inserts=[("samples", r) for r in self._pending_samples]
+                + [("events", r) for r in self._pending_events]
+            )
+            self._pending_samples, self._pending_events = [], []
+            if not history.buffer(batch):  # no room for the buffer: straight to the db
+                history.write(batch)
+        if ingest:
+            history.ingest_spool()
+            history.close()
 
     def _record_events(self, events: list[Event]) -> None:
         for e in events:
@@ -159,17 +193,43 @@ class Sidecar:
 
     # -- loop --------------------------------------------------------------------------
     def run(self) -> int:
+        """Sample until SIGTERM/SIGINT/SIGHUP or the job is gone; 0, or 1 when it could not
+        run. Start, stop and death are logged with the job id and node (stderr and
+        syslog): only SIGKILL goes unlogged, and the epilog notices that."""
+        who = f"job {self.labels.job_id} node {self.node}: sidecar {os.getpid()}"
+
+        def stop(signum: int, _frame: object) -> None:
+            self._why_stopped = signal.Signals(signum).name
+            self._stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, stop)
+        lifecycle_log().info("%s started for GPUs %s", who, ",".join(map(str, self.gpus)))
+        try:
+            self._loop()
+        except Exception as exc:
+            lifecycle_log().error("%s died: %s: %s", who, type(exc).__name__, exc, exc_info=True)
+            return 1
+        except BaseException as exc:
+            lifecycle_log().error("%s died: %s", who, type(exc).__name__)
+            raise
+        lifecycle_log().info("%s stopped (%s)", who, self._why_stopped)
+        return 0
+
+    def _loop(self) -> None:
         from slurmhealth.gpu import open_backend
-        from slurmhealth.history import History
         from slurmhealth.kernel_log import KernelLogReader
         from slurmhealth.sidecar.detectors import Detectors
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
-        signal.signal(signal.SIGTERM, lambda *_: self._stop.set())
-        signal.signal(signal.SIGINT, lambda *_: self._stop.set())
         backend = open_backend(self.cfg)
-        self._announce()
+        try:
+            self._announce()
+        except BaseException:  # a full disk: leave nothing behind
+            self.cleanup()
+            backend.close()
+            raise
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         presence = JobPresence(self.labels.job_id)
@@ -177,7 +237,7 @@ class Sidecar:
         if source == "auto":
             source = backend.kernel_log_hint or "kmsg"
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
-        with History(self.cfg.db_path(self.node)) as history:
+        with History.for_node(self.cfg, self.node) as history:
             cursor = history.kv_get("kernel_log_cursor")  # read-only: the epilog owns it
         xid_queue: list[XidEvent] = []
         xid_thread = threading.Thread(
@@ -235,8 +295,8 @@ class Sidecar:
                     )
                 self._publish()
                 intervals += 1
-                if events or intervals % max(1, self.cfg.sidecar.flush_every) == 0:
-                    self._flush()
+                every = max(1, self.cfg.sidecar.flush_every)
+                self._flush(ingest=bool(events) or intervals % every == 0)
                 if time.monotonic() >= next_job_check:
                     next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
                     if presence.ended():
@@ -245,10 +305,10 @@ class Sidecar:
                         break
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
         finally:
-            self._flush()
+            # within the epilog's grace: a busy database leaves the rows in the spool
+            self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
             self.cleanup()
             backend.close()
-        return 0
 
     def _capture_now(self, events: list[Event]) -> None:
         """A hang: take the evidence (py-spy stacks!) while the processes are still alive,

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from slurmhealth.baseline import compare, store
 from slurmhealth.baseline.model import Measurement, ParseResult
-from slurmhealth.cli import Ctx
-from slurmhealth.cli_baseline import baseline, validate
+from slurmhealth.cli.baseline import baseline, validate
+from slurmhealth.cli.options import Ctx
 from slurmhealth.config import Config, load_config
 from slurmhealth.hooks.resume import drained_since, passing_validation
 

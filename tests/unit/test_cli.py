@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from tests.conftest import run_cli
@@ -196,17 +199,60 @@ def test_checks_lists_the_catalog(sim_env) -> None:
     assert "thermal_margin" in table.stdout and "warn_c=5" in table.stdout
 
 
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> dict[str, click.Command]:
+    ctx = click.Context(group)
+    out: dict[str, click.Command] = {}
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        assert cmd is not None, f"slurmhealth {' '.join((*prefix, name))} does not load"
+        out[" ".join((*prefix, name))] = cmd
+        if isinstance(cmd, click.Group):
+            out.update(_commands(cmd, (*prefix, name)))
+    return out
+
+
 def test_every_command_has_help() -> None:
     from slurmhealth.cli import cli
 
-    def walk(group, prefix=()):
-        for name, cmd in group.commands.items():
-            yield (*prefix, name), cmd
-            if hasattr(cmd, "commands"):
-                yield from walk(cmd, (*prefix, name))
+    commands = _commands(cli)
+    assert {"check", "prolog", "epilog", "sidecar", "report", "evidence capture"} <= set(commands)
+    for path, cmd in commands.items():
+        assert cmd.help, f"slurmhealth {path} has no help text"
+        for param in cmd.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                assert param.help, f"slurmhealth {path} {param.opts[0]} has no help text"
 
-    for path, cmd in walk(cli):
-        assert cmd.help, f"slurmhealth {' '.join(path)} has no help text"
+
+def test_listing_commands_share_one_json_flag() -> None:
+    from slurmhealth.cli import cli
+
+    commands = _commands(cli)
+    json_opts = {
+        path: opt
+        for path, cmd in commands.items()
+        for opt in cmd.params
+        if isinstance(opt, click.Option) and "--json" in opt.opts
+    }
+    listing = {"check", "checks", "history", "drains", "nodes", "report", "config show",
+               "evidence list", "evidence show", "baseline show", "incident search"}  # fmt: skip
+    assert listing <= set(json_opts)
+    assert {(o.name, o.is_flag, o.help) for o in json_opts.values()} == {
+        ("as_json", True, "Print JSON instead of text.")
+    }
+
+
+def test_prolog_loads_only_its_own_command_module() -> None:
+    """`slurmhealth prolog` runs before every job: it must not import every command."""
+    code = (
+        "import sys, click; from slurmhealth.cli import cli; "
+        "cli.get_command(click.Context(cli), 'prolog'); "
+        "print(' '.join(m for m in sys.modules if m.startswith('slurmhealth.cli.')))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(proc.stdout.split())
+    assert "slurmhealth.cli.hooks" in loaded
+    assert not loaded & {"slurmhealth.cli.report", "slurmhealth.cli.baseline",
+                         "slurmhealth.cli.evidence", "slurmhealth.cli.check"}  # fmt: skip
 
 
 def test_lost_gpu_is_named_by_its_last_known_identity(sim_env, tmp_path: Path) -> None:

@@ -98,6 +98,19 @@ CASES: dict[str, Facts] = {
         node(gpus=gpus(util=30.0), task=TaskFacts(steps_total=100, data_wait_ratio=0.45))
     ),
     "stale_process": facts(node(findings=(finding("stale_job", 0, pids=[4242]),))),
+    "gpu_init_failed": facts(
+        node(findings=(finding("kernel_log", 2, kind="init_failed", line="NVRM: RmInitAdapter"),))
+    ),
+    "nvswitch_error": facts(
+        node(findings=(finding("kernel_log", kind="sxid", level="fatal", code=24007),))
+    ),
+    "pcie_bus_error": facts(
+        node(
+            findings=(
+                finding("kernel_log", 6, severity="critical", kind="pcie_aer", level="fatal"),
+            )
+        )
+    ),
     "oom_kill": facts(
         node(logs={"kernel": "Out of memory: Killed process 4242 (python) total-vm:1kB"}),
         state="failed",
@@ -357,8 +370,8 @@ def test_bad_rules_file_names_rule_and_key(tmp_path: Path, old: str, new: str, k
 
 
 def test_rules_file_missing_when_and_bad_toml(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"rule\[3\]\.when: missing"):
-        load_rules(_broken(tmp_path, "when = { xid = { code = [119, 120] } }", ""))
+    with pytest.raises(ConfigError, match=r"rule\[10\]\.when: missing"):
+        load_rules(_broken(tmp_path, 'when = { finding = { check = ["stale_job"] } }', ""))
     (tmp_path / "bad.toml").write_text("[[rule]\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_rules(tmp_path / "bad.toml")

@@ -18,8 +18,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from slurmhealth.cli import Ctx
-from slurmhealth.cli_evidence import evidence
+from slurmhealth.cli.evidence import evidence
+from slurmhealth.cli.options import Ctx
 from slurmhealth.config import Config, load_config
 from slurmhealth.diagnose.facts import NodeFacts
 from slurmhealth.errors import UsageError

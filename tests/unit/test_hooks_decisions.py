@@ -311,13 +311,22 @@ def test_unwritable_history_still_decides_and_spools(tmp_path: Path) -> None:
     assert (row["state"], row["reason"]) == ("drained", slurm.drains[0][1])
 
 
+def _checked_before(tmp_path: Path) -> None:
+    """A node slurmhealth checked before the fault: its kernel-log position is stored, so a
+    fault logged after it is new (a node's very first run only records what the log holds)."""
+    (tmp_path / "kmsg").touch()
+    assert _hook(_config(tmp_path, "healthy"), tmp_path, RecordingSlurm(_cluster())).exit_code == 0
+
+
 def test_lost_gpu_drains_naming_the_gpu(tmp_path: Path) -> None:
+    _checked_before(tmp_path)
     cfg = _config(tmp_path, "gpu-lost")
     slurm = RecordingSlurm(_cluster())
     result = _hook(cfg, tmp_path, slurm)
     assert result.exit_code == 1
-    ((_, reason),) = slurm.drains  # the kernel's Xid 79 leads, the lost GPU follows
-    assert reason.startswith(f"{REASON_PREFIX} xid Xid 79 ") and reason.endswith("(+1 more)")
+    ((_, reason),) = slurm.drains  # the lost GPU (known from the last run) leads, its Xid tagged
+    assert reason.startswith(f"{REASON_PREFIX} gpu_lost gpu5 ") and "[Xid 79]" in reason
+    assert reason.endswith("(+1 more)")
     lost = [f for f in _rows(tmp_path / "history.db", "findings") if f["check_name"] == "gpu_lost"]
     assert [(f["gpu"], f["severity"]) for f in lost] == [(5, "critical")]
     (row,) = _drain_rows(tmp_path)

@@ -34,9 +34,17 @@ def kmsg_file(tmp_path: Path, texts: list[str]) -> Path:
     return log
 
 
+# positions from before the log was replaced / the node rebooted: what is new in the last
+# hour counts (with no position at all, everything read is old and only recorded)
+EARLIER_FILE = {"source": "file", "path": "x", "inode": 0, "dev": 0, "offset": 0, "line": 0}
+EARLIER_BOOT = {"source": "dmesg", "boot_id": "an earlier boot", "usec": 0, "n_at": 0}
+NO_JOURNAL_ENTRY_YET = {"source": "journalctl", "cursor": None}
+
+
 def judge(texts: list[str], tmp_path: Path) -> list[Finding]:
     """Read ``texts`` as kmsg records and run the two kernel-log checks on the result."""
-    res = KernelLogReader(str(kmsg_file(tmp_path, texts)), boot_time=BOOT).read_new(None, NOW)
+    log = str(kmsg_file(tmp_path, texts))
+    res = KernelLogReader(log, boot_time=BOOT).read_new(EARLIER_FILE, NOW)
     assert res.available and res.error is None
     ctx = CheckContext(snapshot(), xids=res.events, kernel_events=res.kernel_events)
     specs = catalog()
@@ -227,7 +235,7 @@ def test_dmesg_continuation_lines_join_the_fallen_off_message(tmp_path: Path) ->
     )
     r = KernelLogReader("dmesg", boot_time=BOOT)
     r.dmesg_cmd = (fake_binary(tmp_path, "dmesg", out),)
-    res = r.read_new(None, NOW)
+    res = r.read_new(EARLIER_BOOT, NOW)
     assert [(e.kind, e.pci_bus_id) for e in res.kernel_events] == [
         ("fallen_off_bus", "0000:b3:00.0")
     ]
@@ -239,7 +247,7 @@ def test_journal_message_with_newlines(tmp_path: Path) -> None:
     entry["MESSAGE"] = "\n".join(FALLEN)
     r = KernelLogReader("journalctl")
     r.journalctl_cmd = (fake_binary(tmp_path, "journalctl", json.dumps(entry) + "\n"),)
-    res = r.read_new(None, NOW)
+    res = r.read_new(NO_JOURNAL_ENTRY_YET, NOW)
     assert [(e.kind, e.pci_bus_id, e.ts) for e in res.kernel_events] == [
         ("fallen_off_bus", "0000:b3:00.0", pytest.approx(NOW - 60))
     ]
@@ -250,5 +258,7 @@ def test_first_read_skips_old_kernel_events(tmp_path: Path) -> None:
     old = format_kmsg_record(1, 1_000_000, "NVRM: RmInitAdapter failed! (0x30:0xffff:660)")
     new = format_kmsg_record(2, 9_900_000_000, "NVRM: None of the NVIDIA devices were initialized.")
     log.write_text(old + "\n" + new + "\n")
-    res = KernelLogReader(str(log), boot_time=BOOT).read_new(None, NOW)
+    res = KernelLogReader(str(log), boot_time=BOOT).read_new(EARLIER_FILE, NOW)
     assert [e.seq for e in res.kernel_events] == [2]
+    rebuilt = KernelLogReader(str(log), boot_time=BOOT).read_new(None, NOW)
+    assert (rebuilt.kernel_events, [e.seq for e in rebuilt.old_kernel_events]) == ((), [2])

@@ -40,18 +40,24 @@ def seqs(res: ReadResult) -> list[int | None]:
     return [e.seq for e in res.events]
 
 
+def old_seqs(res: ReadResult) -> list[int | None]:
+    """Records a read without a readable position found: logged before it, never acted on."""
+    return [e.seq for e in res.old_events]
+
+
 def test_file_cursor_reads_only_new_records(tmp_path: Path) -> None:
     log = tmp_path / "kmsg.log"
     log.write_text(xid_line(1, 9_000_000_000) + " SUBSYSTEM=pci\n" + xid_line(2, 9_001_000_000))
     r = reader(log)
     first = r.read_new(None, NOW)
-    assert (first.available, first.error, seqs(first)) == (True, None, [1, 2])
-    assert first.events[0].ts == pytest.approx(BOOT + 9_000.0)
+    assert (first.available, first.error, first.rebuilt, seqs(first)) == (True, None, True, [])
+    assert old_seqs(first) == [1, 2]
+    assert first.old_events[0].ts == pytest.approx(BOOT + 9_000.0)
     assert json.loads(json.dumps(first.cursor)) == first.cursor
     with log.open("a") as f:
         f.write(xid_line(3, 9_002_000_000))
     second = r.read_new(first.cursor, NOW)
-    assert seqs(second) == [3]
+    assert (seqs(second), old_seqs(second), second.rebuilt) == ([3], [], False)
     third = r.read_new(second.cursor, NOW)
     assert (third.events, third.cursor) == ((), second.cursor)
 
@@ -99,15 +105,15 @@ def test_lookback_filters_old_records_on_first_read(tmp_path: Path) -> None:
         + "NVRM: Xid (PCI:0000:53:00): 48, untimed in a timed source\n"
         + xid_line(3, 7_000_000_000)  # 3,000 s ago
     )
-    assert seqs(reader(log).read_new(None, NOW)) == [3]
-    assert seqs(reader(log, lookback_s=5000).read_new(None, NOW)) == [2, 3]
+    assert old_seqs(reader(log).read_new(None, NOW)) == [3]
+    assert old_seqs(reader(log, lookback_s=5000).read_new(None, NOW)) == [2, 3]
 
 
 def test_untimed_file_returns_all_on_first_read(tmp_path: Path) -> None:
     log = tmp_path / "plain.log"
     log.write_text(f"{XID79}\nsomething else\nNVRM: Xid (0000:b7:00): 13, x\n")
     res = reader(log).read_new(None, NOW)
-    assert [(e.xid, e.pci_bus_id, e.ts) for e in res.events] == [
+    assert [(e.xid, e.pci_bus_id, e.ts) for e in res.old_events] == [
         (79, NVML_53, None),
         (13, NVML_B7, None),
     ]
@@ -119,11 +125,16 @@ def test_max_records_caps_and_resumes(tmp_path: Path) -> None:
     log.write_text("".join(xid_line(i, 9_000_000_000 + i) for i in range(1, 6)))
     r = reader(log, max_records=2)
     res = r.read_new(None, NOW)
-    assert seqs(res) == [1, 2] and res.error and "partial" in res.error
-    res = r.read_new(res.cursor, NOW)
-    assert seqs(res) == [3, 4]
-    res = r.read_new(res.cursor, NOW)
-    assert seqs(res) == [5]
+    assert old_seqs(res) == [1, 2] and res.error and "partial" in res.error
+    # a rebuilt position still catching up: records logged before the rebuild stay old
+    res = r.read_new(res.cursor, NOW + 1)
+    assert (seqs(res), old_seqs(res)) == ([], [3, 4])
+    with log.open("a") as f:
+        f.write(xid_line(6, int((NOW + 2 - BOOT) * 1e6)))
+    res = r.read_new(res.cursor, NOW + 3)
+    assert (seqs(res), old_seqs(res)) == ([6], [5])
+    res = r.read_new(res.cursor, NOW + 4)
+    assert (res.events, res.error) == ((), None) and "old_before" not in res.cursor  # caught up
 
 
 def test_budget_caps_the_read(tmp_path: Path) -> None:
@@ -131,9 +142,9 @@ def test_budget_caps_the_read(tmp_path: Path) -> None:
     log.write_text("".join(xid_line(i, 9_000_000_000 + i) for i in range(1, 4)))
     r = reader(log, budget_s=0.0)
     res = r.read_new(None, NOW)
-    assert res.available and seqs(res) == [1]
+    assert res.available and old_seqs(res) == [1]
     assert res.error is not None and "budget" in res.error
-    assert seqs(r.read_new(res.cursor, NOW)) == [2]
+    assert old_seqs(r.read_new(res.cursor, NOW)) == [2]
 
 
 def test_missing_file_is_unavailable(tmp_path: Path) -> None:
@@ -171,10 +182,11 @@ def test_kmsg_cursor_and_reboot(fake_kmsg: Path) -> None:
     )
     r = KernelLogReader("kmsg", boot_time=BOOT)
     res = r.read_new(None, NOW)
-    assert seqs(res) == [10, 11] and res.cursor == {
+    assert old_seqs(res) == [10, 11] and res.cursor == {
         "source": "kmsg",
         "boot_id": "boot-a",
         "seq": 11,
+        "saved": NOW,
     }
     with fake_kmsg.open("a") as f:
         f.write(xid_line(12, 9_200_000_000))
@@ -193,7 +205,7 @@ def test_kmsg_uptime_gives_boot_time(fake_kmsg: Path, monkeypatch: pytest.Monkey
     monkeypatch.setattr(KernelLogReader, "uptime_path", str(uptime))
     fake_kmsg.write_text(xid_line(1, 90_000_000))
     res = KernelLogReader("kmsg").read_new(None, NOW)
-    assert [e.ts for e in res.events] == [pytest.approx(NOW - 10.0)]
+    assert [e.ts for e in res.old_events] == [pytest.approx(NOW - 10.0)]
 
 
 def test_kmsg_missing_is_unavailable(fake_kmsg: Path) -> None:
@@ -223,7 +235,7 @@ def test_kmsg_epipe_continues(fake_kmsg: Path, monkeypatch: pytest.MonkeyPatch) 
     ]
     monkeypatch.setattr(os, "read", fake_read(chunks))
     res = KernelLogReader("kmsg", boot_time=BOOT).read_new(None, NOW)
-    assert (res.available, seqs(res)) == (True, [1, 5])
+    assert (res.available, old_seqs(res)) == (True, [1, 5])
 
 
 def test_kmsg_einval_is_unavailable(fake_kmsg: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -265,9 +277,9 @@ def test_journalctl_cursor(tmp_path: Path) -> None:
     r = KernelLogReader("journalctl")
     r.journalctl_cmd = (str(fake_binary(tmp_path, "journalctl", out)),)
     res = r.read_new(None, NOW)
-    assert [(e.xid, e.pci_bus_id) for e in res.events] == [(79, NVML_53), (48, NVML_B7)]
-    assert res.events[0].ts == pytest.approx(NOW - 60)
-    assert res.cursor == {"source": "journalctl", "cursor": "c2"}
+    assert [(e.xid, e.pci_bus_id) for e in res.old_events] == [(79, NVML_53), (48, NVML_B7)]
+    assert res.old_events[0].ts == pytest.approx(NOW - 60)
+    assert res.cursor == {"source": "journalctl", "cursor": "c2", "saved": NOW}
     r.read_new(res.cursor, NOW)
     argv = (tmp_path / "journalctl.argv").read_text().splitlines()
     assert argv[0].startswith("-k -o json --no-pager -q --since @")
@@ -295,8 +307,8 @@ def test_dmesg_uses_timestamps_as_cursor(tmp_path: Path) -> None:
     r = KernelLogReader("dmesg", boot_time=BOOT)
     r.dmesg_cmd = (str(fake_binary(tmp_path, "dmesg", "\n".join(lines) + "\n")),)
     res = r.read_new(None, NOW)
-    assert [e.xid for e in res.events] == [79, 48]
-    assert res.events[0].ts == pytest.approx(BOOT + 9500)
+    assert [e.xid for e in res.old_events] == [79, 48]
+    assert res.old_events[0].ts == pytest.approx(BOOT + 9500)
     lines.append("<4>[ 9700.000000] NVRM: Xid (PCI:0000:b7:00): 74, link")
     (tmp_path / "dmesg.out").write_text("\n".join(lines) + "\n")
     res = r.read_new(res.cursor, NOW)
@@ -323,5 +335,5 @@ def test_file_of_dmesg_ctime_lines_gets_wall_clock_times(tmp_path: Path) -> None
         "[Tue Dec  1 01:02:04 2026] NVRM: GPU 0000:b7:00.0: GPU has fallen off the bus.\n"
     )
     res = KernelLogReader(str(log)).read_new(None, at + 600)
-    assert [(e.xid, e.ts) for e in res.events] == [(79, at)]
-    assert [(e.kind, e.ts) for e in res.kernel_events] == [("fallen_off_bus", at + 1)]
+    assert [(e.xid, e.ts) for e in res.old_events] == [(79, at)]
+    assert [(e.kind, e.ts) for e in res.old_kernel_events] == [("fallen_off_bus", at + 1)]

@@ -15,8 +15,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from slurmhealth.cli import Ctx
-from slurmhealth.cli_report import parse_window, report
+from slurmhealth.cli.options import Ctx
+from slurmhealth.cli.report import parse_window, report
 from slurmhealth.config import load_config
 from slurmhealth.diagnose.facts import GpuStats, NodeFacts
 from slurmhealth.errors import UsageError

@@ -13,7 +13,8 @@ from slurmhealth.config import load_config
 from slurmhealth.hooks.check import CheckResult, run_check
 from slurmhealth.model import Severity
 
-SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.toml"))
+SCENARIOS_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIOS = sorted(SCENARIOS_DIR.glob("*.toml"))
 
 
 def _expect(path: Path) -> dict[str, Any]:
@@ -22,6 +23,15 @@ def _expect(path: Path) -> dict[str, Any]:
 
 
 def _run(path: Path, tmp_path: Path, expect: dict[str, Any]) -> CheckResult:
+    """One check of the scenario on a node checked before (healthy, before the fault): the
+    kernel-log position is stored, so the scenario's kernel lines are new."""
+    if not (tmp_path / "kmsg").exists():
+        (tmp_path / "kmsg").touch()
+        _check(SCENARIOS_DIR / "healthy.toml", tmp_path, {})
+    return _check(path, tmp_path, expect)
+
+
+def _check(path: Path, tmp_path: Path, expect: dict[str, Any]) -> CheckResult:
     cfg_file = tmp_path / "config.toml"
     tables = expect.get("checks", {}).items()
     cfg_file.write_text(

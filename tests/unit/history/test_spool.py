@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth.errors import StoreError
 from slurmhealth.history import History
 from slurmhealth.history.read import runs
 from tests.unit.history.helpers import query, run_batch, spooled_run_ids, start_writers
@@ -102,19 +101,6 @@ def test_locked_db_spools_and_next_write_ingests(
     assert not spool.exists()
 
 
-def test_corrupt_db_spools_without_raising(tmp_path: Path) -> None:
-    db = tmp_path / "history.db"
-    db.write_bytes(os.urandom(8192))
-    history = History(db)
-    assert history.write(run_batch("r1", 1.0)) is False
-    assert spooled_run_ids(tmp_path / "history.db.spool.jsonl") == ["r1"]
-    assert history.integrity_check() != "ok"
-    with pytest.raises(StoreError):
-        runs(history)
-    with pytest.raises(StoreError):
-        history.kv_get("x")
-
-
 def test_invalid_spool_lines_are_skipped_and_kept(tmp_path: Path) -> None:
     db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
     good = [run_batch(f"r{i}", float(i)).to_json() for i in (1, 2)]
@@ -149,3 +135,31 @@ def test_leftover_ingesting_file_of_dead_process_is_picked_up(tmp_path: Path) ->
     assert history.write(run_batch("r3", 3.0))
     assert sorted(r["run_id"] for r in runs(history)) == ["r1", "r3"]
     assert sorted(p.name for p in tmp_path.iterdir() if "ingesting" in p.name) == [alive.name]
+
+
+def test_the_spool_stops_at_its_bound_and_counts_what_it_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db, spool = tmp_path / "history.db", tmp_path / "history.db.spool.jsonl"
+    History(db).write(run_batch("r0", 0.5))
+    line = len(run_batch("r1", 1.0).to_json()) + 1
+    locker = sqlite3.connect(db, isolation_level=None)
+    locker.execute("BEGIN EXCLUSIVE")
+    try:
+        history = History(db, busy_timeout_ms=20, spool_max_bytes=3 * line + 10)
+        with caplog.at_level(logging.ERROR, logger="slurmhealth.history"):
+            results = [history.write(run_batch(f"r{i}", float(i))) for i in range(1, 6)]
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert results == [False] * 5
+    assert spooled_run_ids(spool) == ["r1", "r2", "r3"]  # r4, r5: over the bound
+    dropped = [r.getMessage() for r in caplog.records]
+    assert len(dropped) == 2 and all("batch dropped" in m and str(spool) in m for m in dropped)
+    with History(db) as history:
+        assert history.write(run_batch("r6", 6.0))
+        assert history.kv_get("spool_dropped_total") == 2
+    assert sorted(r for (r,) in query(db, "SELECT run_id FROM check_runs")) == [
+        "r0", "r1", "r2", "r3", "r6"]  # fmt: skip
+    assert query(db, "SELECT kind FROM events") == [("spool_dropped",)]
+    assert not spool.exists() and not Path(f"{spool}.dropped").exists()

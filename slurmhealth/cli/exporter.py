@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import click
 
+from slurmhealth.cli.options import Ctx, pass_ctx
+
 
 @click.command("exporter")
 @click.option("--once", is_flag=True, help="Write the textfile (or print the exposition) once.")
 @click.option("--port", type=int, help="Port of /metrics (overrides metrics.port; 0: none).")
 @click.option("--textfile-dir", help="node_exporter textfile dir (overrides metrics.textfile_dir).")
-@click.pass_obj
-def exporter(ctx: object, once: bool, port: int | None, textfile_dir: str | None) -> None:
+@pass_ctx
+def exporter(ctx: Ctx, once: bool, port: int | None, textfile_dir: str | None) -> None:
     """Serve this node's health and every running job's series on one fixed port
     (metrics.port) and/or in node_exporter's textfile dir; runs until SIGTERM."""
     import os
@@ -19,9 +21,8 @@ def exporter(ctx: object, once: bool, port: int | None, textfile_dir: str | None
     from slurmhealth.config import load_config
     from slurmhealth.exporter import ConfigWatch, run
 
-    flags = {"paths.db": getattr(ctx, "db", None), "metrics.port": port,
-             "metrics.textfile_dir": textfile_dir}  # fmt: skip
-    path = getattr(ctx, "config_path", None)
+    flags = {"paths.db": ctx.db, "metrics.port": port, "metrics.textfile_dir": textfile_dir}
+    path = ctx.config_path
     watch = ConfigWatch(
         lambda: load_config(path, flags=flags),
         # a config that does not load: the defaults and the environment, so the node's

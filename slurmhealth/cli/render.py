@@ -6,7 +6,10 @@ import json
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 SEVERITY_STYLE = {"critical": "bold red", "fail": "red", "warn": "yellow", "info": "cyan"}
 
@@ -17,14 +20,14 @@ def utc(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def table(
     title: str | None,
     columns: Sequence[str],
-    rows: Iterable[Sequence[Any]],
+    rows: Iterable[Sequence[object]],
     styles: Sequence[str | None] | None = None,
 ) -> None:
     """Print a table with rich; ``styles`` gives one style per row (or None)."""
@@ -41,7 +44,7 @@ def table(
     console().print(t)
 
 
-def console() -> Any:
+def console() -> Console:
     from rich.console import Console
 
     return Console(soft_wrap=False, emoji=False, highlight=False)

@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from slurmhealth import render
+from slurmhealth.cli import render
+from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
 from slurmhealth.errors import UsageError
 
-F = TypeVar("F", bound=Callable[..., Any])
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
 
 
-def _json_option(fn: F) -> F:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
-        fn
-    )
-
-
-def _config() -> Any:
-    return click.get_current_context().obj.config()
-
-
-def _job_row(cfg: Any, job_id: str, node: str) -> dict[str, Any]:
+def _job_row(cfg: Config, job_id: str, node: str) -> dict[str, Any]:
     """The history's ``jobs`` row for the job ({} when there is none)."""
     from slurmhealth.history.read import Reader, StoreError, job_row
 
@@ -76,17 +68,19 @@ def evidence() -> None:
 @evidence.command("capture")
 @click.argument("job_id")
 @click.option("--node", help="Node name (default: this node).")
-@click.option("--gpus", metavar="LIST", help="GPU indices (default: the job's, else all).")
+@gpus_option("GPU indices (default: the job's, else all).")
 @click.option("--reason", default="manual", show_default=True, help="Why (recorded).")
 @click.option("--stdout", "stdout_path", metavar="FILE", help="The job's output file.")
 @click.option("--stderr", "stderr_path", metavar="FILE", help="The job's error file.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Python process to dump (repeat).")
 @click.option("--budget", type=float, help="Seconds for the whole capture (evidence.budget_s).")
-@_json_option
+@json_option
+@pass_ctx
 def capture_cmd(
+    ctx: Ctx,
     job_id: str,
     node: str | None,
-    gpus: str | None,
+    gpus: tuple[int, ...] | None,
     reason: str,
     stdout_path: str | None,
     stderr_path: str | None,
@@ -95,19 +89,17 @@ def capture_cmd(
     as_json: bool,
 ) -> None:
     """Capture JOB_ID's evidence bundle on this node now (job details from the history)."""
-    from slurmhealth.cli import parse_gpus
     from slurmhealth.evidence import capture
 
-    cfg = _config()
+    cfg = ctx.config()
     node = node or cfg.node_name
     row = _job_row(cfg, job_id, node)
-    indices = parse_gpus(gpus)
     result = capture(
         cfg,
         job_id,
         node,
         reason=reason,
-        gpus=indices if indices is not None else list(row.get("gpus") or ()),
+        gpus=list(gpus) if gpus is not None else list(row.get("gpus") or ()),
         user=row.get("user") or "",
         uid=row.get("uid"),
         start_ts=row.get("start_ts"),
@@ -135,12 +127,13 @@ def capture_cmd(
 
 
 @evidence.command("list")
-@_json_option
-def list_cmd(as_json: bool) -> None:
+@json_option
+@pass_ctx
+def list_cmd(ctx: Ctx, as_json: bool) -> None:
     """Bundles under the evidence directory, newest first."""
     from slurmhealth.evidence import list_bundles
 
-    bundles = list_bundles(_config())
+    bundles = list_bundles(ctx.config())
     if as_json:
         render.print_json({"schema": "slurmhealth.evidence-list/1", "bundles": bundles})
         return
@@ -165,12 +158,13 @@ def list_cmd(as_json: bool) -> None:
 @evidence.command("show")
 @click.argument("job_id")
 @click.option("--node", help="Only this node (default: every node with a bundle).")
-@_json_option
-def show_cmd(job_id: str, node: str | None, as_json: bool) -> None:
+@json_option
+@pass_ctx
+def show_cmd(ctx: Ctx, job_id: str, node: str | None, as_json: bool) -> None:
     """Print the manifest of JOB_ID's bundle(s)."""
     from slurmhealth.evidence import list_bundles, read_manifest
 
-    cfg = _config()
+    cfg = ctx.config()
     nodes = [node] if node else [b["node"] for b in list_bundles(cfg) if b["job"] == job_id]
     manifests = [m for m in (read_manifest(cfg, job_id, n) for n in sorted(nodes)) if m]
     if not manifests:
@@ -191,14 +185,15 @@ def show_cmd(job_id: str, node: str | None, as_json: bool) -> None:
 @click.option("--max-age-days", type=float, help="Remove older bundles (evidence.max_age_days).")
 @click.option("--max-total-gb", type=float, help="Then the oldest above this total size.")
 @click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
-@_json_option
+@json_option
+@pass_ctx
 def prune_cmd(
-    max_age_days: float | None, max_total_gb: float | None, dry_run: bool, as_json: bool
+    ctx: Ctx, max_age_days: float | None, max_total_gb: float | None, dry_run: bool, as_json: bool
 ) -> None:
     """Remove old bundles: older than an age, then the oldest until under a size."""
     from slurmhealth.evidence import prune
 
-    cfg = _config()
+    cfg = ctx.config()
     age = cfg.evidence.max_age_days if max_age_days is None else max_age_days
     gb = cfg.evidence.max_total_gb if max_total_gb is None else max_total_gb
     removed = prune(cfg, age or None, int(gb * 1024**3) or None, dry_run=dry_run)

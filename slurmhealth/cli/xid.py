@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import click
 
+from slurmhealth.cli.options import json_option
 from slurmhealth.errors import UsageError
 
 
 @click.command("xid")
 @click.argument("number")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@json_option
 def xid(number: str, as_json: bool) -> None:
     """Explain Xid NUMBER: its catalog name, immediate action, verdict and hint."""
-    from slurmhealth import render
     from slurmhealth.checks.xid_table import explain
+    from slurmhealth.cli import render
 
     if not (number.isascii() and number.isdigit() and len(number) <= 5):
         raise UsageError(f"xid: {number!r} is not an Xid number (0-99999)")

@@ -1,26 +1,22 @@
 """``slurmhealth baseline ...`` and ``slurmhealth validate``: parsing and output only.
 
 Exit codes: 0 fine, 1 a benchmark reported errors / a metric fails its reference / the
-validation failed, 2 usage error (unreadable file, unknown benchmark). Added to the main
-group with ``cli.add_command(baseline)`` and ``cli.add_command(validate)``.
+validation failed, 2 usage error (unreadable file, unknown benchmark).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from slurmhealth.cli.options import Ctx, json_option, pass_ctx
 from slurmhealth.errors import UsageError
 
-
-def _config(flags: dict[str, Any] | None = None) -> Any:
-    return click.get_current_context().obj.config(flags)
-
-
-def _json_flag(fn: Any) -> Any:
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
+if TYPE_CHECKING:
+    from slurmhealth.baseline.compare import Ref, RefKey
+    from slurmhealth.config import Config
 
 
 @click.group()
@@ -34,8 +30,9 @@ def baseline() -> None:
 @click.option("--node", help="Node the result belongs to (default: this node).")
 @click.option("--gpu-model", help="GPU model, e.g. 'NVIDIA H100 80GB HBM3'.")
 @click.option("--label", help="Free label, e.g. 'acceptance' or 'after-rma'.")
+@pass_ctx
 def ingest_cmd(
-    kind: str, file: str, node: str | None, gpu_model: str | None, label: str | None
+    ctx: Ctx, kind: str, file: str, node: str | None, gpu_model: str | None, label: str | None
 ) -> None:
     """Parse FILE (the benchmark's output) as KIND and store its numbers.
 
@@ -48,7 +45,7 @@ def ingest_cmd(
             text = fh.read()
     except OSError as exc:
         raise UsageError(f"{file}: {exc.strerror or exc}") from None
-    cfg = _config()
+    cfg = ctx.config()
     node = node or cfg.node_name
     result = parse(kind, text)
     model = gpu_model or result.gpu_model
@@ -69,13 +66,14 @@ def ingest_cmd(
 @baseline.command("show")
 @click.option("--node", help="Only this node.")
 @click.option("--kind", help="Only this kind (nccl, gpuburn, fio, ...).")
-@_json_flag
-def show_cmd(node: str | None, kind: str | None, as_json: bool) -> None:
+@json_option
+@pass_ctx
+def show_cmd(ctx: Ctx, node: str | None, kind: str | None, as_json: bool) -> None:
     """Stored baseline rows of every reachable history, oldest first."""
-    from slurmhealth import render
     from slurmhealth.baseline import store
+    from slurmhealth.cli import render
 
-    rows = store.rows(_config(), node=node, kind=kind)
+    rows = store.rows(ctx.config(), node=node, kind=kind)
     if as_json:
         render.print_json({"schema": "slurmhealth.baselines/1", "baselines": rows})
         return
@@ -90,20 +88,21 @@ def show_cmd(node: str | None, kind: str | None, as_json: bool) -> None:
     )  # fmt: skip
 
 
-def _refs(cfg: Any, rows: list[dict[str, Any]]) -> Any:
+def _refs(cfg: Config, rows: list[dict[str, Any]]) -> dict[RefKey, Ref]:
     from slurmhealth.baseline import compare
 
     return compare.reference(rows, pinned=cfg.baseline.pinned)
 
 
 @baseline.command("reference")
-@_json_flag
-def reference_cmd(as_json: bool) -> None:
+@json_option
+@pass_ctx
+def reference_cmd(ctx: Ctx, as_json: bool) -> None:
     """Reference of each metric: the fleet median of each node's latest value, or pinned."""
-    from slurmhealth import render
     from slurmhealth.baseline import store
+    from slurmhealth.cli import render
 
-    cfg = _config()
+    cfg = ctx.config()
     refs = list(_refs(cfg, store.rows(cfg)).values())
     if as_json:
         render.print_json({"schema": "slurmhealth.reference/1",
@@ -119,15 +118,16 @@ def reference_cmd(as_json: bool) -> None:
 
 @baseline.command("compare")
 @click.argument("node", required=False)
-@_json_flag
-def compare_cmd(node: str | None, as_json: bool) -> None:
+@json_option
+@pass_ctx
+def compare_cmd(ctx: Ctx, node: str | None, as_json: bool) -> None:
     """NODE's latest values against the reference (default: this node).
 
     Exits 1 when any metric fails ([baseline] fail_pct worse than its reference)."""
-    from slurmhealth import render
     from slurmhealth.baseline import compare, store
+    from slurmhealth.cli import render
 
-    cfg = _config()
+    cfg = ctx.config()
     node = node or cfg.node_name
     rows = store.rows(cfg)
     devs = compare.compare(
@@ -150,13 +150,14 @@ def compare_cmd(node: str | None, as_json: bool) -> None:
 @click.option("--fraction", type=float, default=None,
               help="Below this share of the fleet median (default [baseline] "
                    "outlier_fraction, 0.8).")  # fmt: skip
-@_json_flag
-def outliers_cmd(fraction: float | None, as_json: bool) -> None:
+@json_option
+@pass_ctx
+def outliers_cmd(ctx: Ctx, fraction: float | None, as_json: bool) -> None:
     """Nodes, or GPUs (node:gpu) for per-GPU metrics, far below the fleet median."""
-    from slurmhealth import render
     from slurmhealth.baseline import compare, store
+    from slurmhealth.cli import render
 
-    cfg = _config()
+    cfg = ctx.config()
     frac = cfg.baseline.outlier_fraction if fraction is None else fraction
     if not 0 < frac <= 1:
         raise UsageError(f"--fraction: {frac:g} is not between 0 and 1")
@@ -180,19 +181,20 @@ def outliers_cmd(fraction: float | None, as_json: bool) -> None:
     metavar="LIST",
     help="Comma-separated names from [baseline] validate_commands (default: all).",
 )
-@_json_flag
-def validate(node: str | None, benchmarks: str | None, as_json: bool) -> None:
+@json_option
+@pass_ctx
+def validate(ctx: Ctx, node: str | None, benchmarks: str | None, as_json: bool) -> None:
     """Validate a drained node without a Slurm job: health checks on all GPUs plus short
     benchmarks compared with the fleet. A pass lets `slurmhealth resume` return it.
 
     Exits 0 on a pass, 1 on a fail."""
-    from slurmhealth import render
+    from slurmhealth.cli import render
     from slurmhealth.hooks.validate import run_validate
 
     names = None
     if benchmarks is not None:
         names = [b.strip() for b in benchmarks.split(",") if b.strip()]
-    cfg = _config({"node.name": node} if node else None)
+    cfg = ctx.config({"node.name": node} if node else None)
     result = run_validate(cfg, names)
     if as_json:
         render.print_json(result.to_dict())

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from slurmhealth import render
+from slurmhealth.cli import render
+from slurmhealth.cli.options import Ctx, json_option, pass_ctx
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
 
 
-def _job_context(cfg: Any, job_id: str) -> dict[str, set[Any]]:
+def _job_context(cfg: Config, job_id: str) -> dict[str, set[Any]]:
     """Nodes, GPUs, Xids and checks of the job, from every history this node can read."""
     from slurmhealth.history.read import Reader, StoreError, history_paths, incident_rows
     from slurmhealth.report import incidents
@@ -43,8 +47,10 @@ def incident() -> None:
 @click.option("--fix", default="", help="What fixed it.")
 @click.option("--prevention", default="", help="What keeps it from coming back.")
 @click.option("--tag", "tags", multiple=True, help="Free-form tag (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="Print the incident as JSON.")
+@json_option
+@pass_ctx
 def add(
+    ctx: Ctx,
     job_id: str,
     symptom: str,
     root_cause: str,
@@ -59,7 +65,7 @@ def add(
 
     from slurmhealth.report import incidents
 
-    cfg = click.get_current_context().obj.config()
+    cfg = ctx.config()
     inc = incidents.add(
         cfg,
         job_id,
@@ -80,15 +86,16 @@ def add(
 
 @incident.command("search")
 @click.argument("words", nargs=-1, required=True)
-@click.option("--limit", default=20, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def search(words: tuple[str, ...], limit: int, as_json: bool) -> None:
+@click.option("--limit", default=20, show_default=True, help="At most this many incidents.")
+@json_option
+@pass_ctx
+def search(ctx: Ctx, words: tuple[str, ...], limit: int, as_json: bool) -> None:
     """Find past incidents containing WORDS (symptom, cause, fix, Xids, nodes, checks)."""
     from dataclasses import asdict
 
     from slurmhealth.report import incidents
 
-    cfg = click.get_current_context().obj.config()
+    cfg = ctx.config()
     hits = incidents.search(cfg, " ".join(words), limit=limit)
     if as_json:
         render.print_json([{"score": s, **asdict(i)} for s, i in hits])

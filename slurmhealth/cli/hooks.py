@@ -1,0 +1,88 @@
+"""The commands Slurm runs: ``prolog`` and ``epilog``, and the per-job ``sidecar`` the
+prolog starts. Every log line names the job and the node (it ends up in slurmd's log)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from slurmhealth.cli.options import Ctx, gpus_option, pass_ctx
+
+
+def _hook_logging(name: str) -> None:
+    job = os.environ.get("SLURM_JOB_ID", "?")
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    fmt = f"slurmhealth {name}[job={job} node={node}]: %(levelname)s: %(message)s"
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(fmt))
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+
+
+def _hook(ctx: Ctx, name: str) -> None:
+    from slurmhealth.hooks.prolog import run_epilog, run_prolog
+
+    _hook_logging(name)
+    runner = run_prolog if name == "prolog" else run_epilog
+    result = runner(ctx.config(), os.environ)
+    drain = result.drain
+    summary = f"{result.status}" + (f"; {drain.state}: {drain.reason}" if drain else "")
+    if drain and drain.detail:
+        summary += f" ({drain.detail})"
+    logging.getLogger("slurmhealth.hooks").info("%s", summary)
+    sys.exit(result.exit_code)
+
+
+@click.command()
+@pass_ctx
+def prolog(ctx: Ctx) -> None:
+    """Slurm Prolog: check the job's GPUs (SLURM_JOB_GPUS); on a failing check drain the
+    node with a precise reason and exit 1 so Slurm requeues the job elsewhere.
+
+    Run it through prolog/slurmhealth-prolog, which adds the time limit and fails open.
+    """
+    _hook(ctx, "prolog")
+
+
+@click.command()
+@pass_ctx
+def epilog(ctx: Ctx) -> None:
+    """Slurm Epilog: record the job's end, re-check its GPUs and drain with a precise
+    reason when a fault appeared during the job. Always exits 0 on a decision."""
+    _hook(ctx, "epilog")
+
+
+@click.command()
+@click.option("--job", "job_id", envvar="SLURM_JOB_ID", required=True, help="Slurm job id.")
+@gpus_option("GPU indices (default all).", envvar="SLURM_JOB_GPUS")
+@click.option("--interval", type=float, help="Sampling interval in seconds (>= 1).")
+@pass_ctx
+def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float | None) -> None:
+    """Sample the job's GPUs, serve them on /metrics with the job's labels, detect faults.
+
+    The prolog starts one per job per node and the epilog stops it; inside a batch script
+    `slurmhealth sidecar &` works too. Exits on SIGTERM or when the job is gone.
+    """
+    import json
+
+    from slurmhealth.sidecar.lifecycle import LABELS_ENV
+    from slurmhealth.sidecar.run import Sidecar
+    from slurmhealth.sidecar.state import JobLabels
+
+    _hook_logging("sidecar")
+    flags = {} if interval is None else {"sidecar.interval_s": interval}
+    cfg = ctx.config(flags)
+    raw = os.environ.get(LABELS_ENV)
+    labels = JobLabels(**json.loads(raw)) if raw else None
+    if labels is None or labels.job_id != job_id:
+        labels = JobLabels(
+            job_id=job_id,
+            user=os.environ.get("SLURM_JOB_USER", os.environ.get("USER", "")),
+            account=os.environ.get("SLURM_JOB_ACCOUNT", ""),
+            partition=os.environ.get("SLURM_JOB_PARTITION", ""),
+            qos=os.environ.get("SLURM_JOB_QOS", ""),
+            node=os.environ.get("SLURMD_NODENAME", cfg.node_name),
+        )
+    sys.exit(Sidecar(cfg, labels, gpus or ()).run())

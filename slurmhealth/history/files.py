@@ -1,0 +1,151 @@
+"""The history's files on disk: private to root and the admin group, never followed.
+
+The database, its ``-wal``/``-shm``, the spool and the folder holding them are created
+``root:<admin group>`` (folder 0750, files 0640), so a job's user can neither read them nor
+plant anything beside them. Every file root opens here is opened with ``O_NOFOLLOW`` and
+its owner checked: a symlink, a FIFO or a file owned by someone else is refused, loudly.
+A folder that is not owned by us, or that others may write, is refused as a whole: anyone
+could have planted or swapped the files in it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterator
+
+log = logging.getLogger("slurmhealth.history")
+DIR_MODE, FILE_MODE = 0o750, 0o640
+
+
+class UnsafeFile(OSError):
+    """A file or folder of the history that root must not trust (the message names it)."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.EPERM, f"{path}: {why}; refused")
+        self.path = path
+
+
+def admin_gid(group: str) -> int:
+    """The gid of ``group`` (a name or a number), or -1 (leave the group as it is)."""
+    if not group:
+        return -1
+    if group.isdigit():
+        return int(group)
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        log.error("history: admin group %r does not exist; files keep their group", group)
+        return -1
+
+
+def _why_untrusted(st: os.stat_result, kind: str) -> str | None:
+    """Why a file or folder with status ``st`` cannot be trusted by this process, or None."""
+    if st.st_uid != os.geteuid():
+        return f"{kind} owned by uid {st.st_uid}, not {os.geteuid()}"
+    if st.st_mode & 0o022:
+        return f"{kind} writable by group or others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def check_dir(folder: str) -> None:
+    """Raise :class:`UnsafeFile` unless ``folder`` is ours and only we may write it."""
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        raise UnsafeFile(folder, "not a folder")
+    why = _why_untrusted(st, "folder")
+    if why:
+        raise UnsafeFile(folder, why)
+
+
+def make_dir(folder: str, gid: int) -> None:
+    """Create ``folder`` (and its parents) ``0750`` with group ``gid``; then check it."""
+    if not os.path.isdir(folder):
+        os.makedirs(folder, mode=DIR_MODE, exist_ok=True)
+        with contextlib.suppress(OSError):  # not ours to fix when made by someone else
+            if gid >= 0:
+                os.chown(folder, -1, gid)
+            os.chmod(folder, DIR_MODE)
+    check_dir(folder)
+
+
+def _checked(fd: int, path: str) -> int:
+    st = os.fstat(fd)
+    why = None if stat.S_ISREG(st.st_mode) else "not a regular file"
+    why = why or _why_untrusted(st, "file")
+    if why:
+        os.close(fd)
+        raise UnsafeFile(path, why)
+    return fd
+
+
+def open_private(path: str, flags: int, gid: int = -1) -> int:
+    """``os.open`` of a history file: never through a symlink, never a FIFO or device, only
+    a regular file we own and only we may write. A file it creates is ``0640`` with group
+    ``gid``. Raises :class:`UnsafeFile` (an ``OSError``) for anything else."""
+    flags |= os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # NONBLOCK: a FIFO must not hang us
+    try:
+        fd = os.open(path, flags, FILE_MODE)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(path, "a symlink") from None
+        if exc.errno == errno.ENXIO:
+            raise UnsafeFile(path, "a FIFO or socket") from None
+        raise
+    fd = _checked(fd, path)
+    fix_file(fd, gid)
+    return fd
+
+
+def fix_file(fd: int, gid: int) -> None:
+    """Make our file ``fd`` 0640 with group ``gid`` (a db made 0644 by an older version)."""
+    st = os.fstat(fd)
+    with contextlib.suppress(OSError):  # EPERM: a non-root run, not in the admin group
+        if gid >= 0 and st.st_gid != gid:
+            os.fchown(fd, -1, gid)
+        if stat.S_IMODE(st.st_mode) != FILE_MODE:
+            os.fchmod(fd, FILE_MODE)
+
+
+def prepare_db(path: str, gid: int) -> None:
+    """Before sqlite opens ``path``: its folder made and checked, the file created (or
+    fixed) private, as are an existing ``-wal``/``-shm`` (sqlite gives new ones the
+    database's mode and owner). Raises ``OSError`` (:class:`UnsafeFile` when refused)."""
+    make_dir(os.path.dirname(path) or ".", gid)
+    os.close(open_private(path, os.O_RDWR | os.O_CREAT, gid))
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.close(open_private(path + suffix, os.O_RDONLY, gid))
+
+
+def move_aside(path: str) -> str:
+    """Rename a corrupt database (and its ``-wal``/``-shm``) to ``<path>.corrupt-<UTC
+    time>``, kept for forensics; return the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target, n = f"{path}.corrupt-{stamp}", 1
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}.corrupt-{stamp}.{n}"
+    os.rename(path, target)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(path + suffix, target + suffix)
+    return target
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str) -> Iterator[None]:
+    """An exclusive ``flock`` on ``folder`` itself: one process at a time moves files."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
