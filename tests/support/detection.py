@@ -299,7 +299,9 @@ def _findings(findings: Sequence[Finding]) -> tuple[dict[str, Any], ...]:
 
 
 def run_case(case: Case, root: Path, epoch: float) -> Outcome:
-    """Run ``case`` in directory ``root`` (created) and judge the result."""
+    """Run ``case`` in directory ``root`` (created) and judge the result. ``epoch`` (UTC
+    seconds) starts the simulated clock; keep it near the real time: the kernel-log
+    reader's first read keeps only the last hour by the real clock."""
     root.mkdir(parents=True, exist_ok=True)
     path = root / "scenario.toml"
     path.write_text(toml_text(case.scenario))
