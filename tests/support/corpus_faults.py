@@ -75,6 +75,15 @@ def gpu_lost_xid79(p: str) -> Iterator[Case]:
     )
 
 
+def other_job(p: str) -> Iterator[Case]:
+    """The node runs 4-GPU jobs: a fault on a GPU of the other half shows in the kernel log
+    that this job's epilog reads (and whose cursor it moves on)."""
+    msg = "GPU has fallen off the bus."
+    lost = fault(DURING, 6, xid=79, msg=msg, lost=True)
+    yield _case("gpu_lost_xid79", p, "other_job", blame=blame(p, 6), job_gpus=(0, 1, 2, 3),
+                scenario=scenario(p, faults=[lost]))  # fmt: skip
+
+
 def gpu_lost_no_xid(p: str) -> Iterator[Case]:
     """Fallen off the bus with no Xid line: only the driver's multi-line message."""
     g, (a, _) = ONE[p], TWO[p]
@@ -142,6 +151,9 @@ def row_remap(p: str) -> Iterator[Case]:
     yield _case("row_remap_pending", p, "severe", blame=blame(p, a, b), scenario=scenario(
         p, all_gpus={"remapped_rows_correctable": 3},
         gpu={a: {"remap_pending": True}, b: {"remap_pending": True}}))  # fmt: skip
+    contained = "Contained: SM (0x1). RST: No, D-RST: No"  # the remap waits for a reset
+    yield _case("row_remap_pending", p, "after_xid94", blame=blame(p, g), scenario=scenario(
+        p, faults=[fault(DURING, g, xid=94, msg=contained, remap_pending=True)]))  # fmt: skip
     yield _case("row_remap_failure", p, "mild", blame=blame(p, g), scenario=scenario(
         p, gpu={g: {"remap_failure": True, "remapped_rows_uncorrectable": 8}}))  # fmt: skip
     fail = "Row Remapper: Failed to remap row, no spare rows left in bank"
@@ -328,7 +340,7 @@ def pcie_aer_fatal(p: str) -> Iterator[Case]:
 
 BUILDERS: dict[Callable[[str], Iterator[Case]], tuple[str, ...]] = {
     nvlink_down: PRESETS, nvlink_errors: PRESETS, gpu_lost_xid79: PRESETS,
-    gpu_lost_no_xid: PRESETS, reset_required: PRESETS, gpu_hang: PRESETS,
+    other_job: MODERN, gpu_lost_no_xid: PRESETS, reset_required: PRESETS, gpu_hang: PRESETS,
     ecc_uncorrectable: PRESETS, row_remap: MODERN, retired_pages: ("v100-sxm2",),
     pcie_downgrade: PRESETS, clock_hw: PRESETS, thermal: MODERN, node_level: PRESETS,
     fabric: ("h100-sxm",), stale_process: PRESETS, xids: PRESETS, gsp_timeout: MODERN,

@@ -32,6 +32,7 @@ from slurmhealth.kernel_log import format_kmsg_record
 from slurmhealth.model import Finding, Severity, normalize_pci_bus_id
 from slurmhealth.slurm import JobInfo, NodeInfo
 from tests.support.recording_slurm import RecordingSlurm
+from tests.support.sim_config import hook_flags
 
 NODE = "n1"
 JOB_S = 3600.0  # the job between the first prolog and the epilog
@@ -78,7 +79,7 @@ class Case:
     steps: tuple[tuple[str, float], ...] = STEPS
     checks: tuple[str, ...] = ()
     config: Mapping[str, Any] = field(default_factory=dict)
-    note: str = ""
+    job_gpus: tuple[int, ...] = tuple(range(8))  # the GPUs Slurm gives each job
 
     @property
     def fault(self) -> bool:
@@ -177,26 +178,14 @@ def _table(out: list[str], prefix: str, data: Mapping[str, Any]) -> None:
 
 def case_config(root: Path, scenario: Path, epoch: float, extra: Mapping[str, Any]) -> Config:
     """The node's configuration: a site that states its GPU count and driver."""
-    missing = str(root / "absent")
     cfg_file = root / "config.toml"
     cfg_file.write_text("")
     flags = {
-        "node.name": NODE,
-        "gpu.backend": "sim",  # the epilog's evidence capture opens its own backend
-        "gpu.sim_scenario": str(scenario),
+        **hook_flags(root, scenario),
         "gpu.sim_epoch": epoch,
-        "gpu.sim_kernel_log": str(root / "kmsg"),
         "gpu.snapshot_timeout_s": 1.0,
         "gpu.expected_count": 8,
         "gpu.expected_driver": "550.90.07",
-        "paths.db": str(root / "history.db"),
-        "paths.evidence_dir": str(root / "evidence"),
-        "paths.run_dir": str(root / "run"),
-        "sidecar.enabled": False,
-        "evidence.scontrol": missing,  # never the machine's real cluster
-        "evidence.nvidia_smi": missing,
-        "evidence.py_spy": missing,
-        "evidence.budget_s": 1.0,
         **extra,
     }
     return load_config(str(cfg_file), env={}, flags=flags)
@@ -314,7 +303,7 @@ def run_case(case: Case, root: Path, epoch: float) -> Outcome:
     try:
         for phase, t in case.steps:
             node.write_kernel(case.lines, t)
-            step = node.run(cfg, scenario, phase, t, range(cfg.gpu.expected_count))
+            step = node.run(cfg, scenario, phase, t, case.job_gpus)
             steps.append(step)
             if step.drain_state == "drained":
                 break  # a drained node runs no next job

@@ -27,6 +27,7 @@ from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.hooks.resume import resume
 from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo
 from tests.support.recording_slurm import CTLD_DOWN, JOB, RecordingSlurm
+from tests.support.sim_config import hook_flags
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 NODE = "n1"
@@ -58,25 +59,9 @@ def _cluster(size: int = 10, **drained: str) -> list[NodeInfo]:
 def _config(tmp_path: Path, scenario: str, **flags: Any) -> Config:
     cfg_file = tmp_path / "config.toml"
     cfg_file.write_text("")
-    missing = str(tmp_path / "absent")
+    scenario_path = SCENARIOS / f"{scenario}.toml"
     return load_config(
-        str(cfg_file),
-        env={},
-        flags={
-            "node.name": NODE,
-            "gpu.backend": "sim",  # the epilog's evidence capture opens its own backend
-            "gpu.sim_scenario": str(SCENARIOS / f"{scenario}.toml"),
-            "gpu.sim_kernel_log": str(tmp_path / "kmsg"),
-            "paths.db": str(tmp_path / "history.db"),
-            "paths.evidence_dir": str(tmp_path / "evidence"),
-            "paths.run_dir": str(tmp_path / "run"),
-            "sidecar.enabled": False,
-            "evidence.scontrol": missing,  # never the machine's real cluster
-            "evidence.nvidia_smi": missing,
-            "evidence.py_spy": missing,
-            "evidence.budget_s": 1.0,
-            **flags,
-        },
+        str(cfg_file), env={}, flags={**hook_flags(tmp_path, scenario_path), **flags}
     )
 
 
