@@ -182,7 +182,8 @@ def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         severity, action, what, hint = _FAULTS.get((kind, level), _FAULTS[(kind, None)])
         first = members[0]
         on = f" on {bus}" if bus else f" on GPU{number}" if number is not None else ""
-        count = f" (x{len(members)})" if len(members) > 1 else ""
+        n = _reports(kind, members)
+        count = f" (x{n})" if n > 1 else ""
         code = f" {first.code}" if first.code is not None else ""
         out.append(
             finding(
@@ -197,7 +198,7 @@ def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 pci_bus_id=bus,
                 gpu_number=number,
                 code=first.code,
-                count=len(members),
+                count=n,
                 ts=first.ts,
                 line=first.raw[:300],
             )
@@ -215,6 +216,14 @@ def _gpu_of(
     if bus is not None:
         return by_bus.get(bus)
     return None if n is None else snapshot.gpu(n)
+
+
+def _reports(kind: str, members: Sequence[KernelEvent]) -> int:
+    """How many errors ``members`` report: one PCIe AER error shows as the port's "error
+    received" line and the device's own "PCIe Bus Error" line."""
+    if kind == "pcie_aer":
+        return sum(e.device is not None for e in members) or len(members)
+    return len(members)
 
 
 def _nvidia(members: Sequence[KernelEvent], bus: str | None) -> bool:

@@ -159,3 +159,18 @@ def test_the_judged_outcome_round_trips_to_json(tmp_path: Path) -> None:
     case = dataclasses.replace(_by_name()["driver_mismatch/v100-sxm2/mild"], name="dm")
     doc = run_case(case, tmp_path, EPOCH).to_dict()
     assert doc["verdict"] == "detected" and doc["steps"][0]["drain_state"] == "drained"
+
+
+def test_one_aer_error_reported_by_port_and_device_counts_once(tmp_path: Path) -> None:
+    """Linux reports one AER error twice (the port's "error received", the device's "PCIe
+    Bus Error"): the finding read "(x2)" for a single fatal error."""
+    found = _kernel_findings(
+        [
+            "pcieport 0000:5c:00.0: AER: Uncorrected (Fatal) error received: 0000:5d:00.0",
+            "nvidia 0000:5d:00.0: PCIe Bus Error: severity=Uncorrected (Fatal), "
+            "type=Inaccessible, (Unregistered Agent ID)",
+        ],
+        tmp_path,
+    )
+    assert [(f.gpu, f.severity, f.evidence["count"]) for f in found] == [(3, Severity.CRITICAL, 1)]
+    assert "(x" not in found[0].message
