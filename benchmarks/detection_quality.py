@@ -52,8 +52,8 @@ def matrix(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
         row = rows[key]
         row["cases"] += 1
         row[o.verdict] += 1
-        row.setdefault("expect", o.case.expect)  # type: ignore[call-overload]
-        presets = row.setdefault("presets", set())  # type: ignore[call-overload]
+        row.setdefault("expect", o.case.expect)
+        presets = row.setdefault("presets", set())
         presets.add(o.case.preset.split("-")[0])
     out = {}
     for key, row in sorted(rows.items(), key=lambda kv: (kv[0].startswith("benign"), kv[0])):

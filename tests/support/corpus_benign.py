@@ -4,6 +4,7 @@ must not drain for (noise, application errors, contained errors, idle power savi
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from tests.support.corpus_common import (
     DURING,
@@ -29,7 +30,7 @@ def _case(klass: str, preset: str, variant: str = "", **kw: object) -> Case:
     return Case(name=name, klass=klass, preset=preset, expect="ok", **kw)  # type: ignore[arg-type]
 
 
-def _job(p: str, **fields: object) -> dict[str, object]:
+def _job(p: str, **fields: Any) -> dict[str, Any]:
     """The job's load on every GPU, from a minute in to a minute before the epilog."""
     top = {"h100-sxm": 5, "a100-sxm4": 4, "v100-sxm2": 3}[p]
     return fault(60, None, until=JOB_S - 60, **{**BUSY, "pcie_gen": top, **fields})
@@ -39,7 +40,7 @@ def noise(p: str) -> Iterator[Case]:
     """Counters that move a little on healthy GPUs."""
     trickle = [rate(0, [1, 6], ecc_volatile_correctable=1 / 600)]  # six an hour
     yield _case("ecc_correctable_trickle", p, scenario=scenario(p, faults=trickle))
-    extra = {"all_gpus": field_values(p)} if p == "h100-sxm" else {}
+    extra: dict[str, Any] = {"all_gpus": field_values(p)} if p == "h100-sxm" else {}
     one = [fault(BETWEEN, 2, nvlink__3__replay=1)]  # one replay, between two jobs
     yield _case("nvlink_one_replay", p, scenario=scenario(p, faults=one, **extra))
     if p == "h100-sxm":  # a burst while the link retrains between jobs: no rate

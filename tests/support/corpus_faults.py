@@ -4,6 +4,7 @@ each GPU model it exists on, mild and severe. Each case names the GPUs to blame.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from tests.support.corpus_common import (
     DURING,
@@ -39,7 +40,7 @@ def nvlink_down(p: str) -> Iterator[Case]:
     last = NVLINKS[p] - 1
     yield _case("nvlink_down", p, "mild", blame=blame(p, g),
                 scenario=scenario(p, gpu={g: {f"nvlink.{last}.state": "inactive"}}))  # fmt: skip
-    down = {f"nvlink__{n}__state": "inactive" for n in (0, 2, 3)}
+    down: dict[str, Any] = {f"nvlink__{n}__state": "inactive" for n in (0, 2, 3)}
     msg = "NVLink: fatal error detected on link 2(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)"
     yield _case("nvlink_down", p, "severe", blame=blame(p, a, b), scenario=scenario(
         p, faults=[fault(DURING, [a, b], xid=74, msg=msg, **down)]))  # fmt: skip
@@ -47,7 +48,7 @@ def nvlink_down(p: str) -> Iterator[Case]:
 
 def nvlink_errors(p: str) -> Iterator[Case]:
     g, (a, b) = ONE[p], TWO[p]
-    extra = {"all_gpus": field_values(p)} if p == "h100-sxm" else {}
+    extra: dict[str, Any] = {"all_gpus": field_values(p)} if p == "h100-sxm" else {}
     mild = [rate(0, g, nvlink__4__replay=1.2 / 60)]  # just over 1 a minute, all job long
     yield _case("nvlink_errors", p, "mild", blame=blame(p, g),
                 scenario=scenario(p, faults=mild, **extra))  # fmt: skip

@@ -242,10 +242,10 @@ class SimNode:
         if phase == "check":
             backend = self.backend(scenario, cfg)
             try:
-                res = check_node(cfg, backend, self.history, phase="check")
+                checked = check_node(cfg, backend, self.history, phase="check")
             finally:
                 backend.close()
-            return Step(phase, t, res.status, None, None, _findings(res.findings))
+            return Step(phase, t, checked.status, None, None, _findings(checked.findings))
         if phase == "prolog":
             self.jobs += 1
             job_id = str(1000 + self.jobs)
@@ -316,7 +316,7 @@ def run_case(case: Case, root: Path, epoch: float) -> Outcome:
 def blamed(f: Mapping[str, Any], enumerated: Sequence[str]) -> str | None:
     """The bus id of the GPU a finding names (by index or by bus id); None: the node."""
     if f["gpu"] is not None and f["gpu"] < len(enumerated):
-        return enumerated[f["gpu"]]
+        return enumerated[int(f["gpu"])]
     text = f.get("pci_bus_id")
     try:
         return None if not text else bus(str(text))
@@ -341,7 +341,7 @@ def judge(case: Case, steps: tuple[Step, ...], enumerated: Sequence[str]) -> Out
     candidates = [f for f in drained[0].findings if f["drains"]]
     names = {blamed(f, enumerated) for f in candidates}
     names = {n if n in gpus else None for n in names}  # a switch's bus id is the node's
-    wanted = set(case.blame) or {None}
+    wanted: set[str | None] = set(case.blame) or {None}
     reason = drained[0].drain_reason or ""
     if not names & wanted or names - wanted - {None}:
         return Outcome(case, steps, "wrong_gpu", f"blamed {sorted(map(str, names))}")

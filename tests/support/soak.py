@@ -152,7 +152,8 @@ def soak_node(root: Path, epoch: float, index: int, days: float, result: SoakRes
                 g, link = rng.randrange(8), rng.randrange(LINKS[preset])
                 n = gpus.replays.get((g, link), 0) + 1
                 at = rng.uniform(start, end + gap)
-                faults.append(set_fault(at, g, **{f"nvlink__{link}__replay": n}))
+                count: dict[str, Any] = {f"nvlink__{link}__replay": n}
+                faults.append(set_fault(at, g, **count))
                 gpus.replays[(g, link)] = n
             lines += sorted(_kernel_noise(rng, preset, start, end), key=lambda ln: ln.at)
             idle = {"pcie_gen": 1} if preset != "v100-sxm2" else {}
