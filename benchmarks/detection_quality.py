@@ -1,7 +1,7 @@
 """Detection quality: false drains, missed faults and wrong GPUs on a corpus, and a soak.
 
 Usage: python benchmarks/detection_quality.py [--only SUBSTR] [--soak-nodes 100]
-       [--soak-days 10] [--no-soak] [--json] [--keep DIR]
+       [--soak-days 10] [--jobs 1] [--no-soak] [--json] [--keep DIR]
 
 The corpus (tests/support/corpus_faults.py, corpus_benign.py) holds every fault class the
 check catalog detects on each GPU model it exists on (H100 SXM, A100 SXM4, V100 SXM2), mild
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--soak-nodes", type=int, default=100)
     ap.add_argument("--soak-days", type=float, default=10.0)
     ap.add_argument("--no-soak", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="soak nodes run in parallel")
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ap.add_argument("--keep", help="run in this directory and keep it (default: a temp dir)")
     args = ap.parse_args(argv)
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         corpus_s = time.monotonic() - t0
         table = matrix(outcomes)
         soaked = None if args.no_soak else soak(
-            root / "soak", epoch, args.soak_nodes, args.soak_days
+            root / "soak", epoch, args.soak_nodes, args.soak_days, args.jobs
         )  # fmt: skip
     bad = [o for o in outcomes if o.verdict in BAD]
     failed = bool(bad) or bool(soaked and soaked.drains)
