@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 "matrix": table,
                 "errors": [o.to_dict() for o in bad],
                 "outcomes": [
-                    {"name": o.case.name, "verdict": o.verdict, "detail": o.detail}
-                    for o in outcomes
+                    {k: v for k, v in o.to_dict().items() if k != "steps"} for o in outcomes
                 ],
             },
             "soak": None if soaked is None else soaked.to_dict(),

@@ -11,6 +11,7 @@ Used by benchmarks/detection_quality.py and tests/unit/test_detection_quality.py
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -104,6 +105,8 @@ class Outcome:
     steps: tuple[Step, ...]
     verdict: str  # detected | missed | false_drain | wrong_gpu | ok
     detail: str = ""
+    drain_reason: str | None = None  # the first drain's
+    blamed: tuple[str, ...] = ()  # bus ids its draining findings name ("node": none)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -114,6 +117,9 @@ class Outcome:
             "blame": list(self.case.blame),
             "verdict": self.verdict,
             "detail": self.detail,
+            "drained": self.drain_reason is not None,
+            "drain_reason": self.drain_reason,
+            "blamed": list(self.blamed),
             "steps": [s.__dict__ | {"findings": list(s.findings)} for s in self.steps],
         }
 
@@ -325,7 +331,19 @@ def blamed(f: Mapping[str, Any], enumerated: Sequence[str]) -> str | None:
 
 
 def judge(case: Case, steps: tuple[Step, ...], enumerated: Sequence[str]) -> Outcome:
-    """The verdict on one case: detected / missed / false_drain / wrong_gpu / ok."""
+    """The verdict on one case, with the first drain's reason and the GPUs it blames."""
+    outcome = _verdict(case, steps, enumerated)
+    drained = next((s for s in steps if s.drain_state == "drained"), None)
+    if drained is None:
+        return outcome
+    names = {blamed(f, enumerated) or "node" for f in drained.findings if f["drains"]}
+    return dataclasses.replace(
+        outcome, drain_reason=drained.drain_reason, blamed=tuple(sorted(names))
+    )
+
+
+def _verdict(case: Case, steps: tuple[Step, ...], enumerated: Sequence[str]) -> Outcome:
+    """detected / missed / false_drain / wrong_gpu / ok."""
     gpus = set(enumerated) | set(case.blame)
     drained = [s for s in steps if s.drain_state == "drained"]
     alarms = [s for s in steps if s.phase == "check" and s.status == "fail"]
