@@ -15,8 +15,12 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.checks import CheckContext, catalog
+from slurmhealth.gpu.nvml import NvmlBackend
+from slurmhealth.gpu.scenario import load_scenario
+from slurmhealth.gpu.sim import SimulatedNvml
+from slurmhealth.gpu.sim_device import SimHandle
 from slurmhealth.kernel_log import KernelLogReader, format_kmsg_record
-from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity
+from slurmhealth.model import Action, Finding, GpuState, GpuStatus, NodeSnapshot, Severity
 from tests.support.corpus_benign import benign_cases
 from tests.support.corpus_common import blame, fault, scenario
 from tests.support.corpus_faults import fault_cases
@@ -174,3 +178,50 @@ def test_one_aer_error_reported_by_port_and_device_counts_once(tmp_path: Path) -
     )
     assert [(f.gpu, f.severity, f.evidence["count"]) for f in found] == [(3, Severity.CRITICAL, 1)]
     assert "(x" not in found[0].message
+
+
+class _Starved(SimulatedNvml):
+    """Every NVML call answers, two of them slowly: a process starved of CPU, not a hung
+    GPU (each call well inside the deadline, the whole read past it)."""
+
+    def nvmlDeviceGetName(self, h: SimHandle) -> str:
+        time.sleep(0.3)
+        return super().nvmlDeviceGetName(h)
+
+    def nvmlDeviceGetSerial(self, h: SimHandle) -> str:
+        time.sleep(0.3)
+        return super().nvmlDeviceGetSerial(h)
+
+
+def test_a_slow_read_that_keeps_answering_is_not_an_unresponsive_gpu(tmp_path: Path) -> None:
+    """The 1,000 node-day soak drained healthy nodes as "GPU unresponsive" when the machine
+    was overloaded: the deadline judged the whole read, not a hung call."""
+    path = tmp_path / "v100.toml"
+    path.write_text('preset = "v100-sxm2"\ngpus = 1\n')
+    lib = _Starved(load_scenario(str(path)), "n1", epoch=EPOCH, kernel_log_path=str(tmp_path / "k"))
+    backend = NvmlBackend(lib, node="n1", timeout_s=0.4)
+    try:
+        t0 = time.monotonic()
+        snap = backend.snapshot()
+        took = time.monotonic() - t0
+    finally:
+        backend.close()
+    assert took > 0.4  # slower than the deadline...
+    assert [g.status for g in snap.gpus] == [GpuStatus.OK]  # ...and still read
+
+
+def test_a_hung_call_is_still_unresponsive_at_the_deadline(tmp_path: Path) -> None:
+    path = tmp_path / "hang.toml"
+    path.write_text('preset = "v100-sxm2"\ngpus = 2\n[gpu.1]\nhang = true\nhang_s = 30.0\n')
+    lib = SimulatedNvml(
+        load_scenario(str(path)), "n1", epoch=EPOCH, kernel_log_path=str(tmp_path / "k")
+    )
+    backend = NvmlBackend(lib, node="n1", timeout_s=0.25)
+    try:
+        t0 = time.monotonic()
+        snap = backend.snapshot()
+        took = time.monotonic() - t0
+    finally:
+        backend.close()
+    assert [g.status for g in snap.gpus] == [GpuStatus.OK, GpuStatus.UNRESPONSIVE]
+    assert took < 0.5 + 0.25  # the hung call's own deadline, within the hard cap
