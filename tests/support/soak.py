@@ -177,7 +177,8 @@ def _run_job(
 ) -> None:
     path = node.root / "scenario.toml"
     path.write_text(toml_text(data))
-    cfg = case_config(node.root, path, node.epoch, {})
+    # the shipped snapshot deadline (the corpus shortens it so its hung GPUs cost 1 s)
+    cfg = case_config(node.root, path, node.epoch, {"gpu.snapshot_timeout_s": 5.0})
     scn = load_scenario(str(path))
     for phase, at in steps:
         node.write_kernel(lines, at)
