@@ -37,7 +37,7 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     for (code, bus), members in grouped.items():
         gpu = by_bus.get(bus)
         first = members[0]
-        verdicts = [judge(e, None if gpu is None else gpu.remap_pending) for e in members]
+        verdicts = [judge(e, _pending(gpu)) for e in members]
         info = max(verdicts, key=lambda v: (v.action.takes_node_out, v.severity))
         count = f" (x{len(members)})" if len(members) > 1 else ""
         cause = _cause(first, ctx.xids) if code == 45 else None
@@ -62,6 +62,14 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
             )
         )
     return out
+
+
+def _pending(gpu: GpuState | None) -> bool | None:
+    """Whether the GPU waits for a reset to apply a row remap, or on GPUs without row
+    remapping (V100) a page retirement: what Xid 63 means depends on it."""
+    if gpu is None:
+        return None
+    return gpu.remap_pending if gpu.remap_pending is not None else gpu.retired_pages_pending
 
 
 def _cause(event: XidEvent, xids: Sequence[XidEvent]) -> int | None:
@@ -153,7 +161,12 @@ def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     by_bus = _gpus_by_bus(ctx.snapshot)
     covered = {x.pci_bus_id for x in ctx.xids if judge(x).acts}  # an acting Xid says it all
     grouped: dict[tuple[str, str | None, str | None, int | None], list[KernelEvent]] = {}
+    # a line that names no GPU (the "*** GSP Timeout ***" banner, "None of the NVIDIA devices
+    # were initialized") belongs to the report of a GPU the same read names for that fault
+    named = {e.kind for e in ctx.kernel_events if e.pci_bus_id or e.gpu_number is not None}
     for e in ctx.kernel_events:
+        if e.kind in named and not e.pci_bus_id and e.gpu_number is None:
+            continue
         level = e.level if e.kind in ("sxid", "pcie_aer") and e.level != "corrected" else None
         where = e.pci_bus_id if e.pci_bus_id else None
         grouped.setdefault((e.kind, level, where, e.gpu_number), []).append(e)
@@ -169,7 +182,8 @@ def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         severity, action, what, hint = _FAULTS.get((kind, level), _FAULTS[(kind, None)])
         first = members[0]
         on = f" on {bus}" if bus else f" on GPU{number}" if number is not None else ""
-        count = f" (x{len(members)})" if len(members) > 1 else ""
+        n = _reports(kind, members)
+        count = f" (x{n})" if n > 1 else ""
         code = f" {first.code}" if first.code is not None else ""
         out.append(
             finding(
@@ -184,7 +198,7 @@ def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 pci_bus_id=bus,
                 gpu_number=number,
                 code=first.code,
-                count=len(members),
+                count=n,
                 ts=first.ts,
                 line=first.raw[:300],
             )
@@ -202,6 +216,14 @@ def _gpu_of(
     if bus is not None:
         return by_bus.get(bus)
     return None if n is None else snapshot.gpu(n)
+
+
+def _reports(kind: str, members: Sequence[KernelEvent]) -> int:
+    """How many errors ``members`` report: one PCIe AER error shows as the port's "error
+    received" line and the device's own "PCIe Bus Error" line."""
+    if kind == "pcie_aer":
+        return sum(e.device is not None for e in members) or len(members)
+    return len(members)
 
 
 def _nvidia(members: Sequence[KernelEvent], bus: str | None) -> bool:

@@ -63,6 +63,7 @@ class _Reader:
         self.lib = lib
         self.index = index
         self.current = "nvmlDeviceGetHandleByIndex"
+        self.since = time.monotonic()  # when the call in flight started
         self.result: GpuState | None = None
         self.unknown = {getattr(lib, name) for name in _UNKNOWN_CODES if hasattr(lib, name)} or {3}
         self._lost = getattr(lib, "NVML_ERROR_GPU_IS_LOST", 15)
@@ -75,7 +76,7 @@ class _Reader:
 
     def attempt(self, name: str, *args: Any) -> tuple[Any, int | None]:
         """``(answer, None)``, or ``(None, error code)`` once :meth:`judge` has judged it."""
-        self.current = name
+        self.current, self.since = name, time.monotonic()
         fn = getattr(self.lib, name, None)
         if fn is None:  # an older pynvml without this function: unknown
             return None, getattr(self.lib, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
@@ -319,9 +320,14 @@ class NvmlBackend:
         ]
         for t in threads:
             t.start()
-        deadline = t0 + self.timeout_s
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        # unresponsive: one NVML call hung for timeout_s; a reader whose calls keep returning
+        # (a CPU-starved process, not a hung GPU) may go on to twice the deadline
+        for t, r in zip(threads, readers, strict=True):
+            while t.is_alive():
+                limit = min(max(t0, r.since) + self.timeout_s, t0 + 2 * self.timeout_s)
+                if time.monotonic() >= limit:
+                    break
+                t.join(limit - time.monotonic())
         gpus = []
         for reader in readers:
             if reader.result is None:

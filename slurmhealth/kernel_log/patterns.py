@@ -50,6 +50,9 @@ _SXID_RE = re.compile(
     + _BDF
     + r"\): (?P<code>[0-9]{1,6})\b,?\s*(?P<rest>.*)"
 )
+# an SXid report goes on with "<switch>: SXid (<bus>): <code>, Severity 1 Engine instance 60
+# Sub-engine instance 00" and "..., Data {0x..., ...}" lines: details, not more errors
+_SXID_MORE = ("Severity ", "Data {")
 _AER_RECEIVED_RE = re.compile(
     r"AER: (?:Multiple )?(?P<sev>Correct(?:ed|able)|Uncorrect(?:ed|able) \((?:Non-)?Fatal\))"
     r" error (?:message )?received(?: from)?:? " + _BDF
@@ -104,6 +107,8 @@ def _parse(text: str, seq: int | None, ts: float | None) -> KernelEvent | None:
     if "NVRM" in text:
         return None if "NVRM: Xid (" in text else _nvrm(text, seq, ts)  # Xids: parse_xid's
     if "SXid" in text and (m := _SXID_RE.search(text)):
+        if m["rest"].startswith(_SXID_MORE):
+            return None  # the "Severity ..." and "Data {...}" lines of the SXid above
         level = _level(m["rest"].split(",", 1)[0])
         code = int(m["code"])
         return _event(

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import sqlite3
-import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -27,49 +25,12 @@ from slurmhealth.history import Batch, History
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.hooks.resume import resume
-from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo, SlurmError
+from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo
+from tests.support.recording_slurm import CTLD_DOWN, JOB, RecordingSlurm
+from tests.support.sim_config import hook_flags
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 NODE = "n1"
-JOB = "4242"
-CTLD_DOWN = "Unable to contact slurm controller (connect failure)"
-
-
-class RecordingSlurm:
-    """The project's SlurmBackend interface over an in-memory cluster: answers node lists
-    and reasons from data, records every drain and resume, and fails on demand."""
-
-    def __init__(self, nodes: Iterable[NodeInfo], *, fail: Iterable[str] = ()) -> None:
-        self.table = {n.name: n for n in nodes}
-        self.fail = set(fail)  # method names that raise SlurmError
-        self.drains: list[tuple[str, str]] = []
-        self.resumes: list[str] = []
-        self.jobs = {JOB: JobInfo(JOB, user="alice", account="physics", qos="normal")}
-
-    def _maybe_fail(self, call: str) -> None:
-        if call in self.fail:
-            raise SlurmError(f"{call}: {CTLD_DOWN}")
-
-    def nodes(self) -> list[NodeInfo]:
-        self._maybe_fail("nodes")
-        return list(self.table.values())
-
-    def drain(self, node: str, reason: str) -> None:
-        self.drains.append((node, reason))
-        self._maybe_fail("drain")
-        self.table[node] = NodeInfo(node, "drained", reason, "root", time.time())
-
-    def resume(self, node: str) -> None:
-        self.resumes.append(node)
-        self._maybe_fail("resume")
-        self.table[node] = NodeInfo(node, "idle")
-
-    def job(self, job_id: str) -> JobInfo | None:
-        self._maybe_fail("job")
-        return self.jobs.get(job_id)
-
-    def show_job(self, job_id: str) -> dict[str, str]:
-        return {}
 
     def with_timeout(self, timeout_s: float) -> RecordingSlurm:
         return self
@@ -101,25 +62,9 @@ def _cluster(size: int = 10, **drained: str) -> list[NodeInfo]:
 def _config(tmp_path: Path, scenario: str, **flags: Any) -> Config:
     cfg_file = tmp_path / "config.toml"
     cfg_file.write_text("")
-    missing = str(tmp_path / "absent")
+    scenario_path = SCENARIOS / f"{scenario}.toml"
     return load_config(
-        str(cfg_file),
-        env={},
-        flags={
-            "node.name": NODE,
-            "gpu.backend": "sim",  # the epilog's evidence capture opens its own backend
-            "gpu.sim_scenario": str(SCENARIOS / f"{scenario}.toml"),
-            "gpu.sim_kernel_log": str(tmp_path / "kmsg"),
-            "paths.db": str(tmp_path / "history.db"),
-            "paths.evidence_dir": str(tmp_path / "evidence"),
-            "paths.run_dir": str(tmp_path / "run"),
-            "sidecar.enabled": False,
-            "evidence.scontrol": missing,  # never the machine's real cluster
-            "evidence.nvidia_smi": missing,
-            "evidence.py_spy": missing,
-            "evidence.budget_s": 1.0,
-            **flags,
-        },
+        str(cfg_file), env={}, flags={**hook_flags(tmp_path, scenario_path), **flags}
     )
 
 

@@ -140,7 +140,6 @@ def test_init_failures(line: str, bus: str | None) -> None:
             24007,
             "fatal",
         ),
-        ("nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Data {0x00000000}", 20034, None),
     ],
 )
 def test_sxid(line: str, code: int, level: str | None) -> None:
@@ -148,6 +147,20 @@ def test_sxid(line: str, code: int, level: str | None) -> None:
     assert ev is not None
     assert (ev.kind, ev.code, ev.level, ev.device) == ("sxid", code, level, line.split(":")[0])
     assert ev.pci_bus_id is not None and ev.gpu_number is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Data {0x00000000}",
+        "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 20034, Severity 1 Engine instance 60 "
+        "Sub-engine instance 00",
+    ],
+)
+def test_sxid_detail_lines_are_not_more_errors(line: str) -> None:
+    """The lines after an SXid carry its details: counting them made one fatal SXid also
+    read as two non-fatal ones."""
+    assert parse_event(line) is None
 
 
 # -- PCIe AER ----------------------------------------------------------------------------------
