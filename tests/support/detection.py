@@ -11,9 +11,11 @@ Used by benchmarks/detection_quality.py and tests/unit/test_detection_quality.py
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -222,6 +224,17 @@ class SimNode:
     def close(self) -> None:
         self.history.close()
 
+    def known_before(self, cfg: Config) -> None:
+        """A node slurmhealth checked before the case begins: its kernel-log position is
+        stored (hooks/kernel_read.py), so the case's fault lines are new, not the lines a
+        node's very first run only records."""
+        from slurmhealth.hooks.kernel_read import read_kernel_log
+        from slurmhealth.kernel_log import KernelLogReader
+
+        self.kmsg.touch()
+        reader = KernelLogReader(str(self.kmsg), lookback_s=cfg.kernel_log.lookback_s)
+        read_kernel_log(reader, None, self.history.path, [])
+
     def write_kernel(self, lines: Sequence[Line], upto: float) -> None:
         """Append the records of ``lines`` the kernel has written by ``upto`` (in order)."""
         new = [ln for ln in lines[self._written :] if ln.at <= upto]
@@ -234,11 +247,14 @@ class SimNode:
                 fh.write(format_kmsg_record(seq, usec, ln.text) + "\n")
                 self._written += 1
 
-    def backend(self, scenario: Scenario, cfg: Config) -> NvmlBackend:
+    def backend(
+        self, scenario: Scenario, cfg: Config, timeout_s: float | None = None
+    ) -> NvmlBackend:
         lib = SimulatedNvml(
             scenario, NODE, epoch=self.epoch, kernel_log_path=str(self.kmsg), clock=self.clock
         )
-        return NvmlBackend(lib, node=NODE, timeout_s=cfg.gpu.snapshot_timeout_s, clock=self.clock)
+        timeout = cfg.gpu.snapshot_timeout_s if timeout_s is None else timeout_s
+        return NvmlBackend(lib, node=NODE, timeout_s=timeout, clock=self.clock)
 
     def run(
         self, cfg: Config, scenario: Scenario, phase: str, t: float, gpus: Sequence[int]
@@ -266,7 +282,14 @@ class SimNode:
         }
         if phase == "epilog":
             env["SLURM_JOB_EXIT_CODE2"] = "0:0"
-        adapters = Adapters(self.slurm, lambda: self.backend(scenario, cfg), self.history)
+        # the prologs of a burst share one GPU read for 2 s of real time
+        # (hooks/snapshot_cache.py); here runs hours apart on the simulated clock come
+        # milliseconds apart in real time, so each one reads the GPUs itself
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(cfg.paths.run_dir, "snapshot.json"))
+        adapters = Adapters(
+            self.slurm, lambda timeout_s: self.backend(scenario, cfg, timeout_s), self.history
+        )
         res = run_hook(cfg, job_from_env(env, NODE), env, phase, adapters)
         drain = res.drain
         return Step(
@@ -304,6 +327,7 @@ def run_case(case: Case, root: Path, epoch: float) -> Outcome:
     scenario = load_scenario(str(path))
     enumerated = gpu_buses(case.scenario)
     node = SimNode(root, epoch)
+    node.known_before(cfg)
     steps: list[Step] = []
     logging.disable(logging.WARNING)  # the hooks' drain warnings are the verdict here
     try:

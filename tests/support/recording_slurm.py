@@ -57,5 +57,8 @@ class RecordingSlurm:
         self._maybe_fail("job")
         return self.jobs.get(job_id)
 
+    def with_timeout(self, timeout_s: float) -> RecordingSlurm:
+        return self
+
     def show_job(self, job_id: str) -> dict[str, str]:
         return {}

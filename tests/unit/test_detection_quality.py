@@ -103,7 +103,12 @@ def _kernel_findings(texts: list[str], tmp_path: Path, **gpu: object) -> list[Fi
     log = tmp_path / "kmsg"
     log.write_text("".join(format_kmsg_record(n, 1_000 + n, t) + "\n" for n, t in enumerate(texts)))
     read = KernelLogReader(str(log), boot_time=EPOCH - 60).read_new(None, EPOCH)
-    ctx = CheckContext(_snapshot(**gpu), xids=read.events, kernel_events=read.kernel_events)
+    # a first read: every line is before the (rebuilt) position; judge them all the same
+    ctx = CheckContext(
+        _snapshot(**gpu),
+        xids=read.events + read.old_events,
+        kernel_events=read.kernel_events + read.old_kernel_events,
+    )
     return [f for name in ("xid", "kernel_log") for f in catalog()[name].fn(ctx, {})]
 
 

@@ -32,9 +32,6 @@ from tests.support.sim_config import hook_flags
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 NODE = "n1"
 
-    def with_timeout(self, timeout_s: float) -> RecordingSlurm:
-        return self
-
 
 @pytest.fixture(scope="module")
 def migrated_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
