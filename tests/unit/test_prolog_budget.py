@@ -9,6 +9,7 @@ the allowed time and then fails the way ``SlurmCli`` does on its subprocess time
 
 from __future__ import annotations
 
+import math
 import os
 import sqlite3
 import time
@@ -208,7 +209,8 @@ def test_stages_reach_the_wrapper_and_the_budget_counts_from_its_start() -> None
     try:
         env = {
             "SLURMHEALTH_STAGE_FD": str(write_fd),
-            "SLURMHEALTH_PROLOG_STARTED": f"{time.time() - 2.0:.3f}",
+            # the wrapper's own format (ms); floored so the text is never later than 2 s ago
+            "SLURMHEALTH_PROLOG_STARTED": f"{math.floor((time.time() - 2.0) * 1000) / 1000:.3f}",
             "SLURMHEALTH_PROLOG_TIMEOUT": "8",
         }
         budget = prolog_budget(5.0, env)
