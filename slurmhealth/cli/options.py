@@ -49,13 +49,16 @@ class Ctx:
         return current_caller()
 
     def _mark_rights(self, cfg: Config) -> Config:
-        """``config show`` says when the caller's own ``evidence.admin_group`` grants nothing."""
-        from slurmhealth import access
-
+        """``config show`` says when the caller's own ``evidence.admin_group`` grants nothing.
+        Every command (the prolog too) loads the config: nothing to mark, nothing imported."""
         key = "evidence.admin_group"
         source = cfg.sources.get(key)
+        if source is None:
+            return cfg
+        from slurmhealth import access
+
         system = access.system_config_path(self.config_path, os.getuid())
-        if source is None or source == system:
+        if source == system:
             return cfg
         note = f"{source} (ignored for access: rights come from {system} only)"
         return dataclasses.replace(cfg, sources={**cfg.sources, key: note})
