@@ -147,6 +147,22 @@ class Cluster:
         tmp.write_text(text)
         tmp.chmod(0o644)
         os.replace(tmp, self.scenario_path)
+        self._outlive_snapshot_caches()
+
+    def _outlive_snapshot_caches(self) -> None:
+        """Wait until no node's shared prolog snapshot (hooks/snapshot_cache.py) is recent
+        enough to be reused: a prolog may serve a GPU state read up to MAX_AGE_S before the
+        scenario changed, as on a real node a fault that appeared in the last seconds is
+        seen by the next prolog that reads the GPUs, not by one served from the cache."""
+        from slurmhealth.hooks.snapshot_cache import MAX_AGE_S
+
+        for cache in self.dir.glob("nodes/*/run/snapshot.json"):
+            try:
+                age = time.time() - cache.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            if age <= MAX_AGE_S:
+                time.sleep(MAX_AGE_S - age + 0.1)
 
     def node_db(self, node: str) -> Path:
         """The history database slurmhealth keeps for `node` (n1..n3)."""
