@@ -83,7 +83,15 @@ def test_nvlink_down_on_n2_drains_it_and_jobs_complete_elsewhere(healthy: Cluste
     ]
     done = [healthy.wait_job(j.job_id, timeout=90) for j in jobs]
     assert [j.state for j in done] == ["COMPLETED"] * 3, [j.record for j in done]
-    assert all(j.nodes and j.nodes[0] in ("n1", "n3") for j in done), [j.nodes for j in done]
+    n2_runs = [
+        (r["job_id"], r["status"], r["error"])
+        for r in rows(healthy.node_db("n2"), "select * from check_runs where ts >= ?", t0)
+    ]
+    assert all(j.nodes and j.nodes[0] in ("n1", "n3") for j in done), (
+        [j.nodes for j in done],
+        n2_runs,
+        healthy.log_text()[-3000:],
+    )
     reasons = healthy.sinfo_reasons()
     assert set(reasons) == {"n2"}
     assert reasons["n2"].startswith("slurmhealth: nvlink_inactive gpu3 NVLink 7")
