@@ -62,6 +62,7 @@ class History:
         busy_timeout_ms: int = 5000,
         admin_group: str = "",
         spool_max_bytes: int = DEFAULT_MAX_BYTES,
+        fallback_spool_path: str | None = None,
     ) -> None:
         # plain str paths: pathlib costs the prolog ~7 ms of imports
         self.path = os.fspath(path)
@@ -70,6 +71,10 @@ class History:
         self._group = admin_group
         self._max_bytes = spool_max_bytes
         self._spool: Spool | None = None
+        # on another filesystem (the node's run dir, a tmpfs): where a batch goes when the
+        # database's disk is full or read-only and the spool beside it cannot be written
+        self.fallback_spool_path = fallback_spool_path
+        self._fallback: Spool | None = None
         self._conn: sqlite3.Connection | None = None
         self._inode = -1  # of the file our connection opened
         self._buffer: str | None = None  # this process's own crash-safe buffer, once used
@@ -78,14 +83,25 @@ class History:
     @classmethod
     def for_node(cls, cfg: Config, node: str | None = None, busy_timeout_ms: int = 5000) -> History:
         """The history of ``node`` as ``cfg`` places it (paths, admin group, spool bound)."""
+        fallback = os.path.join(cfg.expand(cfg.paths.run_dir, node), "history.spool.jsonl")
         return cls(cfg.db_path(node), cfg.spool_path(node) or None, busy_timeout_ms,
-                   cfg.evidence.admin_group, cfg.paths.spool_max_bytes)  # fmt: skip
+                   cfg.evidence.admin_group, cfg.paths.spool_max_bytes, fallback)  # fmt: skip
 
     @property
     def spool(self) -> Spool:
         if self._spool is None:  # the group looked up once, only when a file is made
             self._spool = Spool(self.spool_path, admin_gid(self._group), self._max_bytes)
         return self._spool
+
+    @property
+    def fallback(self) -> Spool | None:
+        """The spool of last resort, or None when there is none or it is the spool's folder."""
+        fb = self.fallback_spool_path
+        if not fb or os.path.dirname(fb) == self.spool.folder:
+            return None
+        if self._fallback is None:
+            self._fallback = Spool(fb, self.spool.gid, self._max_bytes)
+        return self._fallback
 
     # -- connection and schema ------------------------------------------------------------
 
@@ -217,12 +233,30 @@ class History:
             log.error("history %s not written (%s); batch dropped: %s", self.path, problem, exc)
             return False
         except OSError as exc:
+            if self.fallback is not None:
+                return self._to_fallback(batch, f"{problem}; spool {path}: {exc}", path)
             log.error("history %s not written (%s; spool %s: %s); record lost", self.path,
                       problem, path, exc)  # fmt: skip
             return False
         if path == self.spool_path:
             log.warning("history %s not written (%s); batch spooled to %s", self.path, problem,
                         path)  # fmt: skip
+        return True
+
+    def _to_fallback(self, batch: Batch, problem: str, path: str) -> bool:
+        """Append ``batch`` to the fallback spool (a buffer there for a buffer here);
+        False, logged with every place tried, when that fails too."""
+        fb = self.fallback
+        if fb is None:
+            return False
+        target = fb.buffer_path(os.getpid()) if path != self.spool_path else fb.path
+        try:
+            fb.append((batch.to_json() + "\n").encode(), target)
+        except OSError as exc:
+            log.error("history %s not written (%s; fallback %s: %s); record lost", self.path,
+                      problem, target, exc)  # fmt: skip
+            return False
+        log.warning("history %s not written (%s); batch kept in %s", self.path, problem, target)
         return True
 
     def buffer(self, batch: Batch) -> bool:
@@ -255,6 +289,9 @@ class History:
             self._ingested += n
 
         self.spool.ingest(conn, self.path, counted, self._buffer)
+        fb = self.fallback
+        if fb is not None and os.path.exists(fb.folder):
+            fb.ingest(conn, self.path, counted, fb.buffer_path(os.getpid()))
 
     # -- node state and health ------------------------------------------------------------
 

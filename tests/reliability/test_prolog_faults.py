@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -15,12 +14,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from tests.integration.conftest import Cluster
+from tests.reliability.support import (
+    MARK,
+    NVLINK_DOWN_ON_N1,
+    ensure_history,
+    kept_off,
+    next_run_on,
+    rows,
+    wait_log,
+)
 
-NVLINK_DOWN_ON_N1 = """
-name = "n1-nvlink-down"
-[nodes.n1.gpu.3]
-nvlink.7.state = "inactive"
-"""
 # the same, plus GPU 6 that answers only at the snapshot deadline (2 s in the cluster's
 # config): a bad node whose prolog decides two seconds after it starts, which leaves time
 # to stop slurmctld before the drain call
@@ -32,14 +35,7 @@ hang = true
 hang_s = 4.0
 """
 )
-MARK = 'touch "$HOME/ran-$SLURM_JOB_ID-$SLURMD_NODENAME"'  # the job's only effect
 LOCK_S = 30.0
-
-
-def _rows(db: Path, sql: str, *params: object) -> list[sqlite3.Row]:
-    with contextlib.closing(sqlite3.connect(db, timeout=30)) as conn:
-        conn.row_factory = sqlite3.Row
-        return list(conn.execute(sql, params))
 
 
 @contextlib.contextmanager
@@ -80,71 +76,29 @@ def _slurmctld_stopped_when_allocated(cluster: Cluster, job_id: str) -> Iterator
         os.kill(pid, signal.SIGCONT)
 
 
-def _wait_log(cluster: Cluster, offset: int, job_id: str, words: tuple[str, ...]) -> str:
-    """The wrappers' log lines about ``job_id`` since ``offset``, once one holds any of
-    ``words`` (the prolog's last line)."""
-    deadline = time.monotonic() + 30
-    while True:
-        lines = [ln for ln in cluster.log_text()[offset:].splitlines() if f"job={job_id} " in ln]
-        if any(w in ln for ln in lines for w in words):
-            return "\n".join(lines)
-        assert time.monotonic() < deadline, f"no prolog outcome for job {job_id}:\n{lines}"
-        time.sleep(0.1)
-
-
-def _ensure_history(cluster: Cluster, node: str) -> None:
-    if not cluster.node_db(node).exists():
-        job = cluster.sbatch("-w", node, "--gres=gpu:1", "--wrap", "true")
-        assert job.state == "COMPLETED"
-
-
-def _next_run_on(cluster: Cluster, node: str) -> None:
-    """A later job on ``node`` (healthy again): its prolog ingests what was spooled."""
-    cluster.wait_idle()
-    cluster.set_scenario("healthy")
-    cluster.resume_all()
-    assert cluster.sbatch("-w", node, "--gres=gpu:1", "--wrap", "true").state == "COMPLETED"
-
-
-def _kept_off(cluster: Cluster, job_id: str, node: str) -> None:
-    """The job did not run on ``node``: never started there, requeued (once Slurm has run
-    the epilog of the failed launch), node out."""
-    deadline = time.monotonic() + 30
-    record = cluster.job(job_id)
-    while record.get("JobState") != "PENDING" or int(record.get("Restarts", "0")) < 1:
-        assert time.monotonic() < deadline, f"job {job_id} not requeued: {record}"
-        time.sleep(0.2)
-        record = cluster.job(job_id)
-    assert not (cluster.home / f"ran-{job_id}-{node}").exists()
-    deadline = time.monotonic() + 20
-    while node not in cluster.sinfo_reasons():
-        assert time.monotonic() < deadline, f"{node} not drained: {cluster.node_states()}"
-        time.sleep(0.2)
-
-
 def test_locked_history_on_a_bad_node_keeps_the_job_off_and_loses_nothing(
     healthy: Cluster,
 ) -> None:
-    _ensure_history(healthy, "n1")
+    ensure_history(healthy, "n1")
     healthy.set_scenario(NVLINK_DOWN_ON_N1)
     offset = len(healthy.log_text())
     with _db_locked(healthy.node_db("n1")):
         job = healthy.sbatch("-w", "n1", "--gres=gpu:8", "--wrap", MARK, wait=False)
-        log = _wait_log(healthy, offset, job.job_id, ("node unhealthy", "failing open"))
+        log = wait_log(healthy, offset, job.job_id, ("node unhealthy", "failing open"))
         assert "timed out" not in log and "failing open" not in log, log
-        _kept_off(healthy, job.job_id, "n1")
+        kept_off(healthy, job.job_id, "n1")
         reason = healthy.sinfo_reasons()["n1"]
         assert reason.startswith("slurmhealth: nvlink_inactive gpu3 "), reason
-    _next_run_on(healthy, "n1")
+    next_run_on(healthy, "n1")
     db = healthy.node_db("n1")
-    runs = _rows(db, "select * from check_runs where job_id = ? and phase = 'prolog'", job.job_id)
+    runs = rows(db, "select * from check_runs where job_id = ? and phase = 'prolog'", job.job_id)
     assert [r["status"] for r in runs] == ["fail"]
-    (drain,) = _rows(db, "select * from drains where job_id = ?", job.job_id)
+    (drain,) = rows(db, "select * from drains where job_id = ?", job.job_id)
     assert (drain["state"], drain["reason"]) == ("drained", reason)
 
 
 def test_locked_history_on_a_healthy_node_runs_the_job_and_records_it(healthy: Cluster) -> None:
-    _ensure_history(healthy, "n1")
+    ensure_history(healthy, "n1")
     offset = len(healthy.log_text())
     with _db_locked(healthy.node_db("n1")):
         job = healthy.sbatch("-w", "n1", "--gres=gpu:1", "--wrap", MARK)
@@ -152,9 +106,9 @@ def test_locked_history_on_a_healthy_node_runs_the_job_and_records_it(healthy: C
         assert healthy.sinfo_reasons() == {}
     log = healthy.log_text()[offset:]
     assert "timed out" not in log and "failing open" not in log, log
-    _next_run_on(healthy, "n1")
+    next_run_on(healthy, "n1")
     db = healthy.node_db("n1")
-    phases = _rows(db, "select phase, status from check_runs where job_id = ?", job.job_id)
+    phases = rows(db, "select phase, status from check_runs where job_id = ?", job.job_id)
     assert sorted((r["phase"], r["status"]) for r in phases) == [("epilog", "ok"), ("prolog", "ok")]
 
 
@@ -165,11 +119,11 @@ def test_slurmctld_not_answering_at_drain_time_still_keeps_the_job_off(
     offset = len(healthy.log_text())
     job = healthy.sbatch("-w", "n1", "--gres=gpu:8", "--wrap", MARK, wait=False)
     with _slurmctld_stopped_when_allocated(healthy, job.job_id):
-        log = _wait_log(healthy, offset, job.job_id, ("node unhealthy", "failing open"))
+        log = wait_log(healthy, offset, job.job_id, ("node unhealthy", "failing open"))
     assert "node unhealthy" in log and "timed out" not in log, log
-    _kept_off(healthy, job.job_id, "n1")
+    kept_off(healthy, job.job_id, "n1")
     sql = "select * from drains where job_id = ? and actor = 'slurmhealth prolog'"
-    (drain,) = _rows(healthy.node_db("n1"), sql, job.job_id)
+    (drain,) = rows(healthy.node_db("n1"), sql, job.job_id)
     assert drain["state"] == "failed" and drain["reason"].startswith("slurmhealth: ")
     assert "did not answer" in drain["detail"]
     # Slurm took the node out for the failed prolog, with its own reason: not overwritten
@@ -180,12 +134,12 @@ def test_slurmctld_not_answering_never_drains_a_healthy_node(healthy: Cluster) -
     offset = len(healthy.log_text())
     job = healthy.sbatch("-w", "n1", "--gres=gpu:8", "--wrap", MARK, wait=False)
     with _slurmctld_stopped_when_allocated(healthy, job.job_id):
-        log = _wait_log(healthy, offset, job.job_id, ("INFO: ok", "failing open", "unhealthy"))
+        log = wait_log(healthy, offset, job.job_id, ("INFO: ok", "failing open", "unhealthy"))
     assert "INFO: ok" in log and "timed out" not in log, log
     done = healthy.wait_job(job.job_id, timeout=60)
     assert done.state == "COMPLETED" and (healthy.home / f"ran-{job.job_id}-n1").exists()
     assert healthy.sinfo_reasons() == {}
-    runs = _rows(
+    runs = rows(
         healthy.node_db("n1"),
         "select status from check_runs where job_id = ? and phase = 'prolog'",
         job.job_id,

@@ -163,3 +163,33 @@ def test_the_spool_stops_at_its_bound_and_counts_what_it_dropped(
         "r0", "r1", "r2", "r3", "r6"]  # fmt: skip
     assert query(db, "SELECT kind FROM events") == [("spool_dropped",)]
     assert not spool.exists() and not Path(f"{spool}.dropped").exists()
+
+
+def test_full_disk_keeps_the_record_in_the_run_dir_spool_until_the_db_takes_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database's disk cannot take the batch nor the spool beside it (here: the folder is
+    a file; on a node: ENOSPC on /var/lib): the batch goes to the fallback spool on the run
+    dir's filesystem, and the first write that reaches the database ingests it."""
+    blocker, run_dir = tmp_path / "state", tmp_path / "run"
+    blocker.write_text("a regular file where the db directory should be")
+    run_dir.mkdir(mode=0o700)
+    db, fallback = blocker / "history.db", str(run_dir / "history.spool.jsonl")
+    history = History(db, fallback_spool_path=fallback)
+    assert history.write(run_batch("r1", 1.0)) is False  # the database was not written
+    assert spooled_run_ids(Path(fallback)) == ["r1"]
+    assert "batch kept in" in caplog.text and "record lost" not in caplog.text
+    assert history.buffer(run_batch("b1", 1.5))  # a sidecar's crash-safe buffer too
+    assert (run_dir / f"history.spool.jsonl.buffer.{os.getpid()}").exists()
+
+    blocker.unlink()
+    blocker.mkdir()
+    later = History(db, fallback_spool_path=fallback)
+    assert later.write(run_batch("r2", 2.0))
+    assert [r["run_id"] for r in runs(later)] == ["r2", "b1", "r1"]
+    assert sorted(os.listdir(run_dir)) == []
+
+
+def test_no_fallback_in_the_spools_own_folder(tmp_path: Path) -> None:
+    history = History(tmp_path / "history.db", fallback_spool_path=str(tmp_path / "x.jsonl"))
+    assert history.fallback is None
