@@ -319,10 +319,11 @@ class TaskReader:
             rejected += 1
         if rejected:
             self.rejected_lines += rejected
-            self._warn_once(name, f"{name}: {rejected} bad line(s) dropped")
+            self._warn_once("lines", f"{name}: {rejected} bad line(s) dropped")
 
     def _warn_once(self, key: str, what: str) -> None:
-        """One log line per file and kind: a hostile writer cannot flood the log."""
+        """One log line per kind and job (the first file named, the rest counted in
+        ``rejected_lines``): a writer of a thousand bad rank files cannot flood the log."""
         if key not in self._warned:
             self._warned.add(key)
             log.warning("task channel %s: %s; later ones only counted", self.job_dir, what)
