@@ -138,7 +138,8 @@ SINFO_FORMAT = "%N|%T|%H|%u|%E"
 SQUEUE_FORMAT = "%u|%a|%P|%q|%Q|%N|%T|%k"  # the comment last: it may hold "|"
 # `scontrol show job -o`: one line of Key=Value; values may hold spaces (Comment, paths),
 # so the line is split before each " Key=" (a comment may fake one: see parse_show_job)
-_SHOW_KEY = re.compile(r" (?=[A-Za-z][A-Za-z0-9:/_]*=)")
+_KEY = r"[A-Za-z][A-Za-z0-9:/_]*"
+_SHOW_KEY = re.compile(r" (?=" + _KEY + "=)")
 
 
 def parse_nodes(out: str) -> list[NodeInfo]:
@@ -173,7 +174,7 @@ def parse_show_job(out: str) -> dict[str, str]:
     twice: set[str] = set()
     for token in _SHOW_KEY.split(lines[0] if lines else ""):
         key, sep, value = token.partition("=")
-        if not sep:
+        if not sep or not re.fullmatch(_KEY, key):
             continue
         if key in record:
             twice.add(key)

@@ -96,7 +96,9 @@ def _field(rng: random.Random, normal: str) -> str:
 
 
 def _prefix(rng: random.Random) -> str:
-    f = lambda normal: _field(rng, normal)  # noqa: E731
+    def f(normal: str) -> str:
+        return _field(rng, normal)
+
     return rng.choice(PREFIXES).format(
         prio=f(str(rng.randint(0, 191))),
         seq=f(str(rng.randint(0, 10**7))),
