@@ -256,11 +256,18 @@ class KernelEvent:
     device: str | None = None  # the kernel driver or device that logged it ("nvidia", ...)
 
 
+MAX_GPU_INDEX = 1023
+"""The highest GPU index a list may name (1024 GPUs per node): ``0-99999999999`` is a typo,
+refused in one line rather than built."""
+
+
 def parse_gpu_list(text: str, source: str = "SLURM_JOB_GPUS") -> tuple[int, ...]:
     """GPU indices written the way Slurm writes ``SLURM_JOB_GPUS``: ``0,1,3`` or ranges
     ``0-3`` (some versions), sorted without repeats; empty text is no GPU.
 
-    ``source`` names where the text came from in the error (an option, a variable).
+    ``source`` names where the text came from in the error (an option, a variable). Raises
+    ``UsageError`` for text that is not such a list or names an index above
+    :data:`MAX_GPU_INDEX`.
     """
     from slurmhealth.errors import UsageError
 
@@ -269,17 +276,27 @@ def parse_gpu_list(text: str, source: str = "SLURM_JOB_GPUS") -> tuple[int, ...]
         part = part.strip()
         if not part:
             continue
+        shown = repr(part if len(part) <= 40 else part[:37] + "...")
         lo, dash, hi = part.partition("-")
         if not _is_index(lo) or (dash and not _is_index(hi)):
-            raise UsageError(f"{source}: {part!r} is not a GPU index or range (e.g. 0,3 or 0-7)")
-        if dash and int(hi) < int(lo):
-            raise UsageError(f"{source}: range {part!r} goes backwards")
-        out.update(range(int(lo), int(hi or lo) + 1))
+            raise UsageError(f"{source}: {shown} is not a GPU index or range (e.g. 0,3 or 0-7)")
+        first, last = _index(lo), _index(hi or lo)
+        if last > MAX_GPU_INDEX:
+            raise UsageError(f"{source}: {shown} names a GPU above {MAX_GPU_INDEX}")
+        if last < first:
+            raise UsageError(f"{source}: range {shown} goes backwards")
+        out.update(range(first, last + 1))
     return tuple(sorted(out))
 
 
 def _is_index(text: str) -> bool:
     return text.isascii() and text.isdigit()
+
+
+def _index(digits: str) -> int:
+    """The value of ASCII digits, any length (past 4 digits: above every GPU index)."""
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= 4 else MAX_GPU_INDEX + 1
 
 
 def normalize_pci_bus_id(text: str) -> str:
@@ -329,7 +346,15 @@ class Job:
     exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
 
     def opted_out(self, token: str) -> bool:
-        return bool(token) and (token in self.comment or token in self.extra)
+        """``token`` stands as a whole word of the comment or extra (words split at blanks,
+        commas and semicolons): ``foo slurmhealth=off,bar`` opts out, ``slurmhealth=office``
+        does not."""
+        want = token.replace(",", " ").replace(";", " ").split()
+        for text in (self.comment, self.extra):
+            words = text.replace(",", " ").replace(";", " ").split()
+            if want and any(words[i : i + len(want)] == want for i in range(len(words))):
+                return True
+        return False
 
     @property
     def failed(self) -> bool:

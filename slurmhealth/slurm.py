@@ -18,25 +18,36 @@ import time
 from collections.abc import Sequence
 
 from slurmhealth.slurm_base import (
+    MAX_HOSTS,
     MAX_REASON,
     REASON_PREFIX,
+    HostlistError,
     JobInfo,
     NodeInfo,
     SlurmBackend,
     SlurmError,
     clean_reason,
+    expand_hostlist,
+    null,
 )
 
 __all__ = [
+    "MAX_HOSTS",
     "MAX_REASON",
     "REASON_PREFIX",
+    "HostlistError",
     "JobInfo",
     "NodeInfo",
     "SlurmBackend",
     "SlurmCli",
     "SlurmError",
     "clean_reason",
+    "expand_hostlist",
+    "null",
     "open_slurm",
+    "parse_job_line",
+    "parse_nodes",
+    "parse_show_job",
 ]
 
 
@@ -44,7 +55,7 @@ def _parse_time(text: str) -> float | None:
     """sinfo's ``%H`` (``2026-11-30T08:01:02``, local time) as UTC seconds."""
     try:
         return time.mktime(time.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 
@@ -89,22 +100,7 @@ class SlurmCli:
 
     def nodes(self) -> list[NodeInfo]:
         """Every node once (``sinfo -N`` repeats a node per partition)."""
-        out = self._run(["sinfo", "-h", "-N", "-o", "%N|%T|%H|%u|%E"])
-        seen: dict[str, NodeInfo] = {}
-        for line in out.splitlines():
-            parts = line.split("|", 4)
-            if len(parts) != 5 or parts[0] in seen:
-                continue
-            name, state, when, user, reason = parts
-            reason = "" if reason.strip() == "none" else reason.strip()
-            seen[name] = NodeInfo(
-                name=name,
-                state=state.strip().lower(),
-                reason=reason,
-                reason_user="" if user.strip() in ("Unknown", "") else user.strip(),
-                reason_time=_parse_time(when) if reason else None,
-            )
-        return list(seen.values())
+        return parse_nodes(self._run(["sinfo", "-h", "-N", "-o", SINFO_FORMAT]))
 
     def drain(self, node: str, reason: str) -> None:
         self._run(
@@ -123,44 +119,88 @@ class SlurmCli:
     def show_job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job -o ID`` as a dict (StdOut, StdErr, ExitCode, ...); {} if gone."""
         try:
-            out = self._run(["scontrol", "show", "job", "-o", job_id])
+            return parse_show_job(self._run(["scontrol", "show", "job", "-o", job_id]))
         except SlurmError:
             return {}
-        record: dict[str, str] = {}
-        # one line of Key=Value; values may hold spaces only in a few fields, so split on
-        # " Key=" boundaries
-        for token in re.split(
-            r" (?=[A-Za-z][A-Za-z0-9:/_]*=)", out.strip().splitlines()[0] if out.strip() else ""
-        ):
-            key, sep, value = token.partition("=")
-            if sep and key not in record:
-                record[key] = value
-        return record
 
     def job(self, job_id: str) -> JobInfo | None:
         """One ``squeue`` call; None when the job is unknown (already gone)."""
         try:
-            out = self._run(["squeue", "-h", "-j", job_id, "-o", "%u|%a|%P|%q|%Q|%N|%T|%k"])
+            out = self._run(["squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT])
         except SlurmError as exc:
             if "Invalid job id" in str(exc):
                 return None
             raise
-        line = out.strip().splitlines()[0] if out.strip() else ""
-        parts = line.split("|", 7)
-        if len(parts) != 8:
-            return None
-        user, account, partition, qos, prio, nodes, state, comment = parts
-        return JobInfo(
-            job_id=job_id,
-            user=user,
-            account=account,
-            partition=partition,
-            qos=qos,
-            priority=int(prio) if prio.strip().isdigit() else None,
-            nodes=nodes,
+        return parse_job_line(job_id, out)
+
+
+SINFO_FORMAT = "%N|%T|%H|%u|%E"
+SQUEUE_FORMAT = "%u|%a|%P|%q|%Q|%N|%T|%k"  # the comment last: it may hold "|"
+# `scontrol show job -o`: one line of Key=Value; values may hold spaces (Comment, paths),
+# so the line is split before each " Key=" (a comment may fake one: see parse_show_job)
+_KEY = r"[A-Za-z][A-Za-z0-9:/_]*"
+_SHOW_KEY = re.compile(r" (?=" + _KEY + "=)")
+
+
+def parse_nodes(out: str) -> list[NodeInfo]:
+    """``sinfo -h -N -o SINFO_FORMAT`` output as one :class:`NodeInfo` per node; lines of
+    another shape are skipped. sinfo's "unset" spellings (``none``, ``Unknown``,
+    ``(null)``) become empty."""
+    seen: dict[str, NodeInfo] = {}
+    for line in out.splitlines():
+        parts = line.split("|", 4)
+        name = null(parts[0])
+        if len(parts) != 5 or not name or name in seen:
+            continue
+        _, state, when, user, reason = (null(p) for p in parts)
+        reason = "" if reason == "none" else reason
+        seen[name] = NodeInfo(
+            name=name,
             state=state.lower(),
-            comment="" if comment == "(null)" else comment,
+            reason=reason,
+            reason_user="" if user == "Unknown" else user,
+            reason_time=_parse_time(when) if reason else None,
         )
+    return list(seen.values())
+
+
+def parse_show_job(out: str) -> dict[str, str]:
+    """The first line of ``scontrol show job -o`` as ``{Key: value}``, ``(null)`` made
+    empty. A free-text value (the job's comment) can hold text that looks like another
+    ``Key=``: a key seen twice is ambiguous and left out, so a job cannot choose the value
+    of a field it did not write (e.g. ``StdOut``)."""
+    lines = out.strip().splitlines()
+    record: dict[str, str] = {}
+    twice: set[str] = set()
+    for token in _SHOW_KEY.split(lines[0] if lines else ""):
+        key, sep, value = token.partition("=")
+        if not sep or not re.fullmatch(_KEY, key):
+            continue
+        if key in record:
+            twice.add(key)
+        record[key] = null(value)
+    return {k: v for k, v in record.items() if k not in twice}
+
+
+def parse_job_line(job_id: str, out: str) -> JobInfo | None:
+    """``squeue -h -j ID -o SQUEUE_FORMAT`` output as a :class:`JobInfo`; None when it is
+    not one such line. ``(null)`` (an unset account, QOS, comment) becomes empty."""
+    lines = out.strip().splitlines()
+    parts = lines[0].split("|", 7) if lines else []
+    if len(parts) != 8:
+        return None
+    user, account, partition, qos, prio, nodes, state, comment = (null(p) for p in parts)
+    return JobInfo(
+        job_id=job_id,
+        user=user,
+        account=account,
+        partition=partition,
+        qos=qos,
+        priority=int(prio) if prio.isascii() and prio.isdigit() and len(prio) <= 20 else None,
+        nodes=nodes,
+        state=state.lower(),
+        comment=comment,
+    )
 
 
 def open_slurm(backend: str = "cli", timeout_s: float = 5.0) -> SlurmBackend:

@@ -11,8 +11,9 @@ from typing import Any
 
 from slurmhealth.baseline.model import BaselineParseError, Measurement, ParseResult
 
-# Numbers as the tools print them; bounded so int()/float() never see absurd inputs.
-NUM = r"\d{1,20}(?:\.\d{1,20})?(?:[eE][+-]?\d{1,3})?"
+# Numbers as the tools print them; bounded so int()/float() never see absurd inputs: at most
+# 20 digits and a two-digit exponent (printf's %e), so every match is a finite float (< 1e120)
+NUM = r"\d{1,20}(?:\.\d{1,20})?(?:[eE][+-]?\d{1,2})?"
 
 # What a launcher writes before each line of a tool's output: Open MPI ``--tag-output``
 # (``[1,0]<stdout>:``) and ``srun --label`` (``0: ``); strip it before reading the line.

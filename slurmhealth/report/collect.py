@@ -18,28 +18,11 @@ from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
 from slurmhealth.history import read
 from slurmhealth.history.read import Series, Source
 from slurmhealth.model import CLOCK_EVENT_REASONS
+from slurmhealth.slurm import HostlistError, expand_hostlist, null
 
 # the clock-event reasons counted as throttle time: those the clock_events check judges
 HW_THROTTLE = {CLOCK_EVENT_REASONS[name]: name for name in SEVERITY}
 MAX_SERIES = 300  # points per GPU kept for plots
-
-
-def expand_hostlist(text: str) -> tuple[str, ...]:
-    """``n[1-3,7],login1`` -> ``("n1", "n2", "n3", "n7", "login1")`` (Slurm's hostlist form)."""
-    out: list[str] = []
-    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]*)\])?(?:,|$)", text.strip()):
-        prefix, ranges = m.group(1), m.group(2)
-        if not prefix and not ranges:
-            continue
-        if ranges is None:
-            out.append(prefix)
-            continue
-        for part in ranges.split(","):
-            lo, _, hi = part.partition("-")
-            if lo.isdigit() and (not hi or hi.isdigit()):
-                width = len(lo)
-                out.extend(f"{prefix}{i:0{width}d}" for i in range(int(lo), int(hi or lo) + 1))
-    return tuple(out)
 
 
 def job_facts(db: Source, job_id: str) -> JobFacts | None:
@@ -47,20 +30,32 @@ def job_facts(db: Source, job_id: str) -> JobFacts | None:
     r = read.job_row(db, job_id)
     if r is None:
         return None
+
+    def text(key: str) -> str:  # rows written before "(null)" was read as unset hold it
+        return null(str(r.get(key) or ""))
+
     return JobFacts(
         job_id=job_id,
-        user=r.get("user") or "",
-        account=r.get("account") or "",
-        partition=r.get("partition") or "",
-        qos=r.get("qos") or "",
+        user=text("user"),
+        account=text("account"),
+        partition=text("partition"),
+        qos=text("qos"),
         priority=r.get("priority"),
-        nodes=expand_hostlist(r.get("nodes") or "") or ((str(r["node"]),) if r.get("node") else ()),
+        nodes=_nodes(text("nodes")) or ((str(r["node"]),) if r.get("node") else ()),
         gpus=tuple(r.get("gpus") or ()),
         start_ts=r.get("start_ts"),
         end_ts=r.get("end_ts"),
-        state=r.get("state") or "",
+        state=text("state"),
         exit_code=r.get("exit_code"),
     )
+
+
+def _nodes(hostlist: str) -> tuple[str, ...]:
+    """The job's node names; none when the stored list is not one Slurm would write."""
+    try:
+        return expand_hostlist(hostlist)
+    except HostlistError:
+        return ()
 
 
 def _swings(values: Sequence[float]) -> int:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from slurmhealth.report.collect import _swings, expand_hostlist
+from slurmhealth.report.collect import _swings
+from slurmhealth.slurm import expand_hostlist
 
 
 def test_swings_count_idle_busy_crossings_only() -> None:
