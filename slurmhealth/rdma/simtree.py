@@ -157,6 +157,17 @@ def write_tree(root: str, spec: NodeSpec, t: float = 0.0) -> None:
         os.rmdir(peermem)
 
 
+def update_counters(root: str, spec: NodeSpec, t: float) -> None:
+    """Rewrite only the ports' ``counters/*`` for scenario time ``t`` (a tree that
+    :func:`write_tree` wrote for the same ``spec``): cheaper when time moves on."""
+    for h in spec.hcas:
+        for number, p in h.ports.items():
+            path = os.path.join(root, "class", "infiniband", h.name, "ports", str(number))
+            for name, value in counter_values(p, t).items():
+                with open(os.path.join(path, "counters", name), "w") as fh:
+                    fh.write(f"{value}\n")
+
+
 def _write(path: str, text: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
