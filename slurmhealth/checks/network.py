@@ -5,7 +5,9 @@ Every finding names the port (``mlx5_1/1``) first, so a drain reason reads
 ``slurmhealth: ib_errors mlx5_1/1 ...``, and the GPUs behind the same PCIe switch as the
 HCA (whose inter-node traffic it carries) in its message and evidence. Nothing is judged
 when the node's RDMA devices were not read (``ctx.rdma`` is None). Which ports are judged
-and what they should show come from ``[rdma]`` (``ctx.rdma_expect``).
+and what they should show come from ``[rdma]`` (``ctx.rdma_expect``). The checks run in the
+one-off phases (check, prolog, epilog, healthcheck, validate); the sidecar's detectors,
+which key events by GPU, do not map them yet.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding
+from slurmhealth.checks import CheckContext, check, finding
 from slurmhealth.checks.counters import RATE_THRESHOLDS as RATE
 from slurmhealth.checks.counters import Growth, growth, rings_of
 from slurmhealth.model import Action, Finding, Severity, normalize_pci_bus_id
@@ -96,7 +98,6 @@ def _port_finding(
     hint="DOWN/Polling: no link (cable, transceiver or switch port); INIT/LinkUp: the subnet "
     "manager has not configured the port; Disabled: the port was shut. Check `ibstat`, "
     "the cable and the switch side; reseat or replace",
-    phases=EVERYWHERE,
 )
 def ib_port_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -128,7 +129,6 @@ def ib_port_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     hint="the link trained below its speed or width (a damaged cable, a dirty connector, a "
     "port forced to a lower speed): check `ibstat` Rate and the switch side; reseat or "
     "replace the cable",
-    phases=EVERYWHERE,
 )
 def ib_rate(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     expected = ctx.rdma_expect.rate_gbps
@@ -160,7 +160,6 @@ def ib_rate(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     action=Action.DRAIN,
     hint="an HCA is missing from /sys/class/infiniband: check `lspci -d 15b3:`, the mlx5_core "
     "driver (dmesg), the card's seating and firmware; reboot",
-    phases=EVERYWHERE,
 )
 def ib_hca_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     want = ctx.rdma_expect.hca_count
@@ -220,7 +219,6 @@ _CONGESTION = ("port_xmit_discards",)  # also grow under congestion: silent belo
         "port_xmit_discards_per_min": 100,
         **RATE,
     },
-    phases=EVERYWHERE,
 )
 def ib_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -274,7 +272,6 @@ def _errors_finding(
     action=Action.DRAIN,
     hint="without nvidia_peermem NCCL stages inter-node traffic through host memory (much "
     "slower): `modprobe nvidia_peermem` and make it load at boot",
-    phases=EVERYWHERE,
 )
 def gpudirect(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     if ctx.rdma is None or not ctx.rdma_expect.gpudirect or ctx.rdma.peermem_loaded is not False:
