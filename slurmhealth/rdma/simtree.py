@@ -250,3 +250,34 @@ def counter_values(p: PortSpec, t: float) -> Mapping[str, int]:
     flaps = sum(1 for at in p.flaps if at <= t)
     values["link_downed"] += flaps
     return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m slurmhealth.rdma.simtree DIR [--preset P] [--fault KIND:HCA[/PORT]]...
+    [--no-peermem] [--at T]``: write a generated tree (for the demo and by hand)."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m slurmhealth.rdma.simtree")
+    ap.add_argument("root", help="directory to write the sysfs tree into")
+    ap.add_argument("--preset", default="ndr8", choices=PRESETS)
+    ap.add_argument("--fault", action="append", default=[], metavar="KIND:HCA[/PORT]")
+    ap.add_argument("--no-peermem", action="store_true", help="nvidia_peermem not loaded")
+    ap.add_argument("--at", type=float, default=0.0, help="scenario time (s)")
+    args = ap.parse_args(argv)
+    spec = preset(args.preset)
+    try:
+        for text in args.fault:
+            kind, _, where = text.partition(":")
+            hca, _, port = where.partition("/")
+            spec = fault(spec, kind, hca, int(port) if port.isdigit() else 1)
+    except KeyError as exc:
+        print(f"simtree: {exc.args[0]}", file=sys.stderr)
+        return 2
+    spec.peermem = not args.no_peermem
+    write_tree(args.root, spec, args.at)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable
 
 from slurmhealth.model import normalize_pci_bus_id
 from slurmhealth.rdma.model import (
@@ -37,12 +38,22 @@ NVIDIA_VENDOR = "0x10de"
 
 
 def read_rdma(
-    root: str = "/sys", *, hw_counters: bool = True, ts: float | None = None
+    root: str = "/sys",
+    *,
+    hw_counters: bool = True,
+    counters: Iterable[str] | None = None,
+    gpu_pci_bus_ids: Iterable[str] | None = None,
+    ts: float | None = None,
 ) -> RdmaSnapshot:
     """Every RDMA device under ``root`` with its ports and counters, the NVIDIA GPUs on the
-    PCI bus and whether ``nvidia_peermem`` is loaded. ``hw_counters=False`` skips the
-    driver's extra counters (``hw_counters/*``) for a quicker read."""
+    PCI bus and whether ``nvidia_peermem`` is loaded.
+
+    Each ``counters/*`` read is a query to the HCA's firmware: ``counters`` names the ones
+    to read (e.g. :data:`~slurmhealth.rdma.model.ERROR_COUNTERS` for the checks; None = all),
+    ``hw_counters=False`` skips the driver's ``hw_counters/*``. ``gpu_pci_bus_ids`` (the
+    GPUs NVML listed) resolves only those instead of scanning every PCI device."""
     now = time.time() if ts is None else ts
+    wanted = None if counters is None else frozenset(counters)
     base = os.path.join(root, "class", "infiniband")
     try:
         names = sorted(os.listdir(base))[:MAX_ENTRIES]
@@ -50,8 +61,8 @@ def read_rdma(
         names = []
     except OSError as exc:
         return RdmaSnapshot(now, error=f"cannot list {base}: {exc.strerror or exc}")
-    hcas = tuple(_hca(root, os.path.join(base, n), n, hw_counters) for n in names)
-    return RdmaSnapshot(now, hcas, _gpus(root), _peermem(root))
+    hcas = tuple(_hca(root, os.path.join(base, n), n, hw_counters, wanted) for n in names)
+    return RdmaSnapshot(now, hcas, _gpus(root, gpu_pci_bus_ids), _peermem(root))
 
 
 def _text(path: str) -> str | None:
@@ -75,14 +86,14 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def _hca(root: str, path: str, name: str, hw: bool) -> Hca:
+def _hca(root: str, path: str, name: str, hw: bool, wanted: frozenset[str] | None) -> Hca:
     device = os.path.join(path, "device")
     chain = pcie_chain(root, device)
     ports = [p for p in _listdir(os.path.join(path, "ports")) if p.isdigit()]
     numa = _text(os.path.join(device, "numa_node"))
     return Hca(
         name=name,
-        ports=tuple(_port(os.path.join(path, "ports", p), name, int(p), hw) for p in ports),
+        ports=tuple(_port(os.path.join(path, "ports", p), name, int(p), hw, wanted) for p in ports),
         pci_bus_id=chain[-1] if chain else None,
         pcie_path=chain,
         node_guid=_text(os.path.join(path, "node_guid")),
@@ -95,7 +106,7 @@ def _hca(root: str, path: str, name: str, hw: bool) -> Hca:
     )
 
 
-def _port(path: str, hca: str, number: int, hw: bool) -> IbPort:
+def _port(path: str, hca: str, number: int, hw: bool, wanted: frozenset[str] | None) -> IbPort:
     state, state_name = parse_state(_text(os.path.join(path, "state")))
     phys, phys_name = parse_state(_text(os.path.join(path, "phys_state")))
     ndevs = os.path.join(path, "gid_attrs", "ndevs")
@@ -109,17 +120,18 @@ def _port(path: str, hca: str, number: int, hw: bool) -> IbPort:
         phys_state_name=phys_name,
         rate=parse_rate(_text(os.path.join(path, "rate"))),
         link_layer=_text(os.path.join(path, "link_layer")),
-        counters=_counters(os.path.join(path, "counters")),
+        counters=_counters(os.path.join(path, "counters"), wanted),
         hw_counters=_counters(os.path.join(path, "hw_counters")) if hw else {},
         netdevs=tuple(sorted(netdevs)),
     )
 
 
-def _counters(path: str) -> dict[str, int]:
-    """Every decimal counter file in ``path``; ``N/A (no PMA)`` and the ``lifespan``
-    setting are not counters."""
+def _counters(path: str, wanted: frozenset[str] | None = None) -> dict[str, int]:
+    """Every decimal counter file in ``path`` (of ``wanted``, when given); ``N/A (no PMA)``
+    and the ``lifespan`` setting are not counters."""
     out: dict[str, int] = {}
-    for name in _listdir(path):
+    names = _listdir(path) if wanted is None else sorted(wanted)
+    for name in names:
         if name != "lifespan" and (value := _int(os.path.join(path, name))) is not None:
             out[name] = value
     return out
@@ -141,10 +153,10 @@ def pcie_chain(root: str, device: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _gpus(root: str) -> tuple[PciGpu, ...]:
+def _gpus(root: str, buses: Iterable[str] | None) -> tuple[PciGpu, ...]:
     base = os.path.join(root, "bus", "pci", "devices")
     out = []
-    for name in _listdir(base):
+    for name in _listdir(base) if buses is None else sorted(_sysfs_names(buses)):
         path = os.path.join(base, name)
         if _text(os.path.join(path, "vendor")) != NVIDIA_VENDOR:
             continue
@@ -154,6 +166,17 @@ def _gpus(root: str) -> tuple[PciGpu, ...]:
         if chain:
             out.append(PciGpu(chain[-1], chain))
     return tuple(out)
+
+
+def _sysfs_names(buses: Iterable[str]) -> set[str]:
+    """NVML's ``00000000:18:00.0`` as sysfs names it: ``0000:18:00.0``."""
+    out = set()
+    for bus in buses:
+        try:
+            out.add(normalize_pci_bus_id(bus))
+        except ValueError:
+            continue
+    return out
 
 
 def _peermem(root: str) -> bool | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.rdma import read_rdma, simtree
-from slurmhealth.rdma.model import gpus_near, parse_rate, parse_state
+from slurmhealth.rdma.model import ERROR_COUNTERS, gpus_near, parse_rate, parse_state
 
 
 @pytest.mark.parametrize(
@@ -129,3 +129,29 @@ def test_generator_refuses_unknown_names() -> None:
         simtree.fault(simtree.preset("ndr4"), "melted", "mlx5_0")
     with pytest.raises(KeyError, match="mlx5_9/1"):
         simtree.fault(simtree.preset("ndr4"), "down", "mlx5_9")
+
+
+def test_the_generator_command_writes_a_faulty_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(tmp_path / "sys")
+    assert simtree.main([root, "--preset", "ndr4", "--fault", "init:mlx5_2/1", "--no-peermem"]) == 0
+    rdma = read_rdma(root)
+    assert rdma.hca("mlx5_2") is not None and rdma.peermem_loaded is False
+    assert [p.name for p in rdma.ports() if not p.active] == ["mlx5_2/1"]
+    assert simtree.main([root, "--fault", "melt:mlx5_0"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_quick_read_takes_only_the_asked_counters_and_gpus(tmp_path: Path) -> None:
+    root = _tree(tmp_path)
+    quick = read_rdma(
+        root,
+        hw_counters=False,
+        counters=ERROR_COUNTERS,
+        gpu_pci_bus_ids=["00000000:18:00.0", "00000000:2A:00.0", "not a bus"],
+    )
+    p = quick.hcas[0].ports[0]
+    assert set(p.counters) == set(ERROR_COUNTERS) and p.hw_counters == {}
+    assert [g.pci_bus_id for g in quick.gpus] == ["0000:18:00.0", "0000:2a:00.0"]
+    assert gpus_near(quick.hcas[0], quick.gpus) == ("0000:18:00.0", "0000:2a:00.0")
