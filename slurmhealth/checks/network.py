@@ -165,6 +165,9 @@ def ib_hca_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     want = ctx.rdma_expect.hca_count
     if ctx.rdma is None or want <= 0:
         return []
+    if ctx.rdma.error:  # the read failed: unknown, not missing (fail open, loudly)
+        text = f"RDMA devices unreadable: {ctx.rdma.error}"
+        return [finding("ib_hca_count", Severity.WARN, None, text, action=Action.RECORD)]
     named = {d.split("/")[0] for d in ctx.rdma_expect.devices}
     present = [h.name for h in ctx.rdma.hcas if not named or h.name in named]
     if len(present) >= want:
@@ -195,7 +198,16 @@ _LIMITS = {  # counter -> threshold key (errors per minute)
     "excessive_buffer_overrun_errors": "excessive_buffer_overrun_errors_per_min",
     "port_xmit_discards": "port_xmit_discards_per_min",
 }
-_CONGESTION = ("port_xmit_discards",)  # also grow under congestion: silent below the limit
+_CONGESTION = ("port_xmit_discards",)
+SATURATED = {  # the PortCounters widths (16, 8 or 4 bits): a full counter stops counting
+    "symbol_error": 0xFFFF,
+    "link_error_recovery": 0xFF,
+    "link_downed": 0xFF,
+    "port_rcv_errors": 0xFFFF,
+    "local_link_integrity_errors": 0xF,
+    "excessive_buffer_overrun_errors": 0xF,
+    "port_xmit_discards": 0xFFFF,
+}  # also grow under congestion: silent below the limit
 
 
 @check(
@@ -232,6 +244,13 @@ def ib_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 grown[name] = found
         if grown and (f := _errors_finding(ctx, hca, p, grown, th)) is not None:
             out.append(f)
+        elif full := [n for n, top in SATURATED.items() if p.counters.get(n) == top]:
+            text = f"{', '.join(full)} saturated: error rates unknown until reset (perfquery -R)"
+            out.append(
+                _port_finding(
+                    ctx, "ib_errors", Severity.WARN, hca, p, text, Action.WARN, saturated=full
+                )
+            )
     return out
 
 

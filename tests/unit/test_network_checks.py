@@ -18,7 +18,7 @@ from slurmhealth.errors import ConfigError
 from slurmhealth.hooks.drain import drain_reason
 from slurmhealth.model import Action, Finding, Severity
 from slurmhealth.rdma import expect_from, read_rdma, simtree
-from slurmhealth.rdma.model import RdmaExpect
+from slurmhealth.rdma.model import RdmaExpect, RdmaSnapshot
 from tests.unit.test_checks import TS, node
 
 NDR = RdmaExpect(hca_count=4, rate_gbps=400, gpudirect=True, link_layer="InfiniBand")
@@ -235,3 +235,22 @@ def test_config_rdma_section_and_ranges(tmp_path: Path) -> None:
         bad.write_text(f"[rdma]\n{line}\n")
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(str(bad), env={})
+
+
+def test_a_saturated_counter_warns_that_its_rate_is_unknown(tmp_path: Path) -> None:
+    spec = simtree.preset("ndr4")
+    spec.hcas[2].ports[1].counters["symbol_error"] = 65535  # 16 bits, stuck at the top
+    f = one(Node(tmp_path, spec).run(), "ib_errors")
+    assert (f.severity, f.action, f.evidence["saturated"]) == (
+        Severity.WARN,
+        Action.WARN,
+        ["symbol_error"],
+    )
+    assert f.message.startswith("mlx5_2/1 symbol_error saturated")
+
+
+def test_an_unreadable_rdma_class_is_recorded_not_a_missing_hca() -> None:
+    rdma = RdmaSnapshot(TS, error="cannot list /sys/class/infiniband: Permission denied")
+    findings = run_checks(CheckContext(node(), rdma=rdma, rdma_expect=NDR))
+    f = one([f for f in findings if f.check in NET], "ib_hca_count")
+    assert (f.severity, f.action) == (Severity.WARN, Action.RECORD)
