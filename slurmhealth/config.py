@@ -102,6 +102,20 @@ class SidecarConfig:
 
 
 @dataclass(frozen=True)
+class RdmaConfig:
+    """The RDMA network (docs/network.md): what the checks expect of the node's HCAs."""
+
+    enabled: bool = True  # read /sys/class/infiniband (a node without HCAs reads nothing)
+    sysfs_root: str = "/sys"  # tests and the demo point this at a generated tree
+    expected_hcas: int = 0  # HCAs the node must show (counted over `devices`); 0 = any
+    expected_rate_gbps: float = 0.0  # each judged port at least this fast; 0 = not checked
+    gpudirect: bool = False  # nvidia_peermem must be loaded (GPUDirect RDMA)
+    link_layer: str = ""  # judge only ports of this link layer (InfiniBand | Ethernet); "" = any
+    # the fabric's HCAs ("mlx5_0") or ports ("mlx5_0/1"); empty = every port (of link_layer)
+    devices: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class ChecksConfig:
     disabled: list[str] = field(default_factory=list)
     # [checks.<name>] tables: threshold overrides, validated against the check catalog
@@ -171,6 +185,7 @@ class Config:
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
+    rdma: RdmaConfig = field(default_factory=RdmaConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -205,12 +220,14 @@ ENV_KEYS: dict[str, str] = {
     "SLURMHEALTH_RUN_DIR": "paths.run_dir",
     "SLURMHEALTH_KERNEL_LOG": "kernel_log.source",
     "SLURMHEALTH_POLICY": "policy.mode",
+    "SLURMHEALTH_RDMA_SYSFS": "rdma.sysfs_root",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "gpu.backend": ("nvml", "sim"),
     "policy.mode": ("drain", "warn"),
     "slurm.backend": ("cli", "pyslurm", "auto"),
+    "rdma.link_layer": ("", "InfiniBand", "Ethernet"),
 }
 
 _SECTIONS: dict[str, type[Any]] = {

@@ -97,6 +97,8 @@ RANGES: Mapping[str, Bound] = {
     "baseline.validate_timeout_s": POSITIVE_S,
     "baseline.prolog_bench_max_age_s": Bound(0, 365 * DAY),  # 0 = never
     "baseline.prolog_bench_timeout_s": POSITIVE_S,
+    "rdma.expected_hcas": Bound(0, 64),
+    "rdma.expected_rate_gbps": Bound(0, 3200),  # XDR 8X = 1600 Gb/s; room for the next
 }
 """The range of every numeric setting; for a table (``*.nvlinks_per_model``, ``pinned``)
 the range of each of its values."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from slurmhealth.errors import UsageError
 
-KINDS = ("nccl", "gpuburn", "fio", "nvbandwidth", "dcgm")
+KINDS = ("nccl", "gpuburn", "fio", "nvbandwidth", "dcgm", "perftest")
 
 
 class BaselineParseError(UsageError):
@@ -29,7 +29,8 @@ class Measurement:
     e.g. ``all_reduce_perf.busbw_avg`` (GB/s), ``all_reduce_perf.busbw@8589934592`` (one per
     message size), ``gpuburn.gflops`` (per GPU, never 0), ``fio.seq_1m.read_bw`` (MiB/s),
     ``fio.rand_4k.read_iops``, ``fio.rand_4k.read_lat_p99`` (us, lower is better),
-    ``nvbandwidth.<testcase>`` (GB/s), ``dcgm.<test>`` (1 pass, 0.5 warn, 0 fail)."""
+    ``nvbandwidth.<testcase>`` (GB/s), ``dcgm.<test>`` (1 pass, 0.5 warn, 0 fail),
+    ``ib_write_bw.bw_avg`` (Gb/s, perftest)."""
 
     metric: str
     value: float

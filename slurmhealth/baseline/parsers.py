@@ -1,4 +1,4 @@
-"""Read benchmark output (nccl-tests, gpu-burn, fio JSON, nvbandwidth, dcgmi diag) into
+"""Read benchmark output (nccl-tests, gpu-burn, fio JSON, nvbandwidth, dcgmi diag, perftest) into
 :class:`ParseResult`. Each parser is strict: a file with nothing usable raises
 :class:`BaselineParseError` with one line naming what was missing; a partly readable file
 returns what was read plus ``problems``; output of a run that measured nothing (it never
@@ -14,6 +14,7 @@ from slurmhealth.baseline.parse_fio import parse_fio
 from slurmhealth.baseline.parse_gpuburn import parse_gpuburn
 from slurmhealth.baseline.parse_nccl import parse_nccl
 from slurmhealth.baseline.parse_nvbandwidth import parse_nvbandwidth
+from slurmhealth.baseline.parse_perftest import parse_perftest
 
 __all__ = [
     "BaselineParseError",
@@ -24,6 +25,7 @@ __all__ = [
     "parse_gpuburn",
     "parse_nccl",
     "parse_nvbandwidth",
+    "parse_perftest",
 ]
 
 
@@ -51,6 +53,8 @@ def _dispatch(kind: str, text: str, test: str | None) -> ParseResult:
         return parse_nvbandwidth(text)
     if kind == "dcgm":
         return parse_dcgm(text)
+    if kind == "perftest":
+        return parse_perftest(text, test=test)
     raise BaselineParseError(
         f"unknown benchmark kind {kind!r}; expected one of: {', '.join(KINDS)}"
     )

@@ -22,6 +22,7 @@ from slurmhealth.model import (
     Severity,
     XidEvent,
 )
+from slurmhealth.rdma.model import RdmaExpect, RdmaSnapshot
 
 PHASES = ("check", "prolog", "epilog", "healthcheck", "validate", "sidecar")
 """Where checks run: ``slurmhealth check`` by hand (a job may be running beside it), the
@@ -49,6 +50,8 @@ class CheckContext:
     counter_history: Mapping[str, Any] | None = None
     xids: tuple[XidEvent, ...] = ()
     kernel_events: tuple[KernelEvent, ...] = ()  # kernel-log faults other than Xids
+    rdma: RdmaSnapshot | None = None  # the node's HCAs (slurmhealth.rdma); None = not read
+    rdma_expect: RdmaExpect = field(default_factory=RdmaExpect)  # config [rdma]
 
     @functools.cached_property
     def counters(self) -> dict[str, dict[str, int]]:
@@ -125,7 +128,16 @@ def finding(
 
 def catalog() -> dict[str, CheckSpec]:
     """Every registered check, importing the check modules on first use."""
-    from slurmhealth.checks import fabric, gpu, memory, nvlink, pcie, thermal, xid  # noqa: F401
+    from slurmhealth.checks import (  # noqa: F401
+        fabric,
+        gpu,
+        memory,
+        network,
+        nvlink,
+        pcie,
+        thermal,
+        xid,
+    )
 
     return REGISTRY
 

@@ -25,7 +25,9 @@ def baseline() -> None:
 
 
 @baseline.command("ingest")
-@click.argument("kind", type=click.Choice(["nccl", "gpuburn", "fio", "nvbandwidth", "dcgm"]))
+@click.argument(
+    "kind", type=click.Choice(["nccl", "gpuburn", "fio", "nvbandwidth", "dcgm", "perftest"])
+)
 @click.argument("file", metavar="FILE")
 @click.option("--node", help="Node the result belongs to (default: this node).")
 @click.option("--gpu-model", help="GPU model, e.g. 'NVIDIA H100 80GB HBM3'.")
