@@ -105,14 +105,19 @@ def ib_port_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         if p.active is not False and p.link_up is not False:
             continue
         state = f"{p.state_name or '?'}/{p.phys_state_name or '?'}"
+        # an unnamed fabric: a port down may be one nobody cabled (the second port of a
+        # dual-port card, a management port): recorded, never drained on
+        named = bool(ctx.rdma_expect.devices)
         out.append(
             _port_finding(
                 ctx,
                 "ib_port_state",
-                Severity.FAIL,
+                Severity.FAIL if named else Severity.INFO,
                 hca,
                 p,
-                f"port {state}",
+                f"port {state}"
+                + ("" if named else " (not drained: name the fabric's ports in [rdma] devices)"),
+                action=None if named else Action.RECORD,
                 state=p.state,
                 phys_state=p.phys_state,
                 link_layer=p.link_layer,

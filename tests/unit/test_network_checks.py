@@ -86,12 +86,22 @@ def test_a_port_not_active_fails_on_its_hca_naming_the_gpus_behind_it(
     tmp_path: Path, fault: str, state: str
 ) -> None:
     spec = simtree.fault(simtree.preset("ndr4"), fault, "mlx5_1")
-    f = one(Node(tmp_path, spec).run(), "ib_port_state")
+    fabric = RdmaExpect(hca_count=4, rate_gbps=400, devices=tuple(f"mlx5_{i}" for i in range(4)))
+    f = one(Node(tmp_path, spec, fabric).run(), "ib_port_state")
     assert (f.severity, f.action) == (Severity.FAIL, Action.DRAIN)
     assert f.message == f"mlx5_1/1 port {state} (GPUs 2,3 behind it)"
     assert (f.evidence["hca"], f.evidence["port"], f.evidence["gpus"]) == ("mlx5_1", 1, [2, 3])
     assert f.evidence["pci_bus_id"] == "0000:3c:00.0"
     assert drain_reason([f]).startswith("slurmhealth: ib_port_state mlx5_1/1 port")
+
+
+def test_a_port_down_outside_a_named_fabric_is_recorded_never_drained(tmp_path: Path) -> None:
+    """Without [rdma] devices a down port may be one nobody cabled (a dual-port card's
+    second port): recorded with the hint, no drain, no evidence bundle."""
+    spec = simtree.fault(simtree.preset("ndr4"), "down", "mlx5_1")
+    f = one(Node(tmp_path, spec, RdmaExpect(hca_count=4)).run(), "ib_port_state")
+    assert (f.severity, f.action) == (Severity.INFO, Action.RECORD)
+    assert "name the fabric's ports in [rdma] devices" in f.message
 
 
 def test_8_hca_node_names_the_one_gpu_sharing_the_switch(tmp_path: Path) -> None:
