@@ -84,13 +84,11 @@ class SlurmConfig:
 class SidecarConfig:
     enabled: bool = True  # the prolog starts one per job, the epilog stops it
     interval_s: float = 10.0  # GPU sampling interval (minimum 1 s)
-    port_min: int = 9450  # the sidecar's /metrics port is the first free one in the range
-    port_max: int = 9549
-    bind: str = "0.0.0.0"
-    file_sd_dir: str = "/run/slurmhealth/file_sd"  # Prometheus file_sd targets; "" = none
     dcgm_job_mapping_dir: str = ""  # dcgm-exporter HPC job mapping (one file per GPU index)
     flush_every: int = 6  # samples are written to the history every N intervals
-    job_check_interval_s: float = 60.0  # exit when squeue no longer knows the job
+    # look this often for the job's processes / cgroup on this node (never asks slurmctld):
+    # the sidecar exits once a job it saw running has none left
+    job_check_interval_s: float = 60.0
     hang_after_s: float = 900.0  # all the job's GPUs idle this long while it runs: hang
     hang_idle_pct: float = 5.0
     straggler_ratio: float = 0.75  # a GPU below this share of its peers' median...
@@ -99,6 +97,22 @@ class SidecarConfig:
     throughput_drop: float = 0.30  # step throughput this far below the job's rolling median
     stall_factor: float = 5.0  # no step for this many median step times: stalled
     stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
+
+    mode: str = "slurmhealth"  # slurmhealth | dcgm (dcgm-exporter exports the GPU counters)
+    bind: str = "0.0.0.0"
+    port: int = 9450  # the exporter's /metrics; 0 = no HTTP endpoint (textfile only)
+    textfile_dir: str = ""  # node_exporter's --collector.textfile.directory; "" = none
+    textfile_interval_s: float = 10.0  # how often slurmhealth.prom is rewritten there
+    per_link_nvlink: bool = False  # one series per NVLink and counter (18x per H100 GPU)
+    max_jobs: int = 256  # state files read per scrape, at most
+    max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
+    # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
+    fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
 
 
 @dataclass(frozen=True)
@@ -170,6 +184,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
@@ -205,12 +220,14 @@ ENV_KEYS: dict[str, str] = {
     "SLURMHEALTH_RUN_DIR": "paths.run_dir",
     "SLURMHEALTH_KERNEL_LOG": "kernel_log.source",
     "SLURMHEALTH_POLICY": "policy.mode",
+    "SLURMHEALTH_FAIL_OPEN_LOG": "metrics.fail_open_log",  # the hook wrappers' setting
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "gpu.backend": ("nvml", "sim"),
     "policy.mode": ("drain", "warn"),
     "slurm.backend": ("cli", "pyslurm", "auto"),
+    "metrics.mode": ("slurmhealth", "dcgm"),
 }
 
 _SECTIONS: dict[str, type[Any]] = {

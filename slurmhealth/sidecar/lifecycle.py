@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict
 
 from slurmhealth.config import Config
+from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.model import Job
 from slurmhealth.sidecar.run import SidecarFiles
 
@@ -49,15 +50,6 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
         log.warning("job %s: sidecar not started: %s", job.job_id, exc)
         return None
     return proc.pid
-
-
-def _is_our_sidecar(pid: int, job_id: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return b"sidecar" in argv and job_id.encode() in argv
 
 
 def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
@@ -98,9 +90,8 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     elif pid:
         outcome = f"sidecar {pid} died before the epilog"
         _record_death(cfg, node, job_id, pid)
-    for path in (files.pid, files.port, files.file_sd):
-        if path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+    for path in (files.pid, files.export):  # a killed sidecar's series go with its file
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
     shutil.rmtree(files.job_dir, ignore_errors=True)
     return outcome

@@ -49,11 +49,7 @@ run_dir = "{tmp}/run"
 [sidecar]
 interval_s = 1.0
 flush_every = 10000
-bind = "127.0.0.1"
-port_min = 39550
-port_max = 39599
 job_check_interval_s = 100000
-file_sd_dir = ""
 stop_grace_s = {stop_grace_s}
 """
     )
