@@ -89,6 +89,9 @@ class SidecarConfig:
     # look this often for the job's processes / cgroup on this node (never asks slurmctld):
     # the sidecar exits once a job it saw running has none left
     job_check_interval_s: float = 60.0
+    # ...or once the job showed none at all this long after the sidecar started (it ended
+    # before the first look; docs/metrics.md)
+    unseen_grace_s: float = 120.0
     hang_after_s: float = 900.0  # all the job's GPUs idle this long while it runs: hang
     hang_idle_pct: float = 5.0
     straggler_ratio: float = 0.75  # a GPU below this share of its peers' median...

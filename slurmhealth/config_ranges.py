@@ -70,6 +70,7 @@ RANGES: Mapping[str, Bound] = {
     "sidecar.interval_s": Bound(1, DAY),  # the documented minimum is 1 s
     "sidecar.flush_every": Bound(1, 10_000),
     "sidecar.job_check_interval_s": Bound(1, 30 * DAY),
+    "sidecar.unseen_grace_s": Bound(1, 30 * DAY),
     "sidecar.hang_after_s": POSITIVE_S,
     "sidecar.hang_idle_pct": Bound(0, 100),
     "sidecar.straggler_ratio": Bound(0, 1, low_open=True),

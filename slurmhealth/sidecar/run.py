@@ -4,8 +4,9 @@ Every ``sidecar.interval_s`` it snapshots the job's GPUs, swaps a fresh
 :class:`ExportState` in, publishes the job's series as a state file that the node's one
 scrape target (``slurmhealth exporter``) serves (:mod:`slurmhealth.export_state`), feeds the
 detectors, and batches samples and events into the node's history. It exits on SIGTERM
-(final flush), or by itself once the job it saw running has no process left on the node
-(:mod:`slurmhealth.sidecar.presence`; slurmctld is never asked).
+(final flush), or by itself once the job it saw running has no process left on the node, or
+never showed one in ``sidecar.unseen_grace_s`` (:mod:`slurmhealth.sidecar.presence`;
+slurmctld is never asked).
 """
 
 from __future__ import annotations
@@ -235,7 +236,7 @@ class Sidecar:
             raise
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
-        presence = JobPresence(self.labels.job_id)
+        presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
         source = self.cfg.kernel_log.source
         if source == "auto":
             source = backend.kernel_log_hint or "kmsg"

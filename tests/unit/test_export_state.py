@@ -131,11 +131,11 @@ def test_the_job_is_present_by_its_processes_stepd_or_cgroup(tmp_path: Path) -> 
     assert present == {"5": True, "6": True, "7": False, "8": True, "9": True, "50": False}
 
 
-def test_the_sidecar_ends_only_after_its_job_was_seen_and_is_gone(tmp_path: Path) -> None:
+def test_a_job_seen_running_ends_after_two_checks_without_it(tmp_path: Path) -> None:
     proc, cg = tmp_path / "proc", tmp_path / "cgroup"
     proc.mkdir()
     cg.mkdir()
-    presence = JobPresence("5", proc=str(proc), cgroup_root=str(cg))
+    presence = JobPresence("5", unseen_grace_s=3600, proc=str(proc), cgroup_root=str(cg))
     assert [presence.ended() for _ in range(5)] == [False] * 5  # allocated, no step yet
     fake_proc(proc, 10, ["bash", "job.sh"], {"SLURM_JOB_ID": "5"})
     assert presence.ended() is False

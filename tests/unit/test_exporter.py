@@ -157,6 +157,24 @@ def test_job_series_come_and_go_within_one_interval(node: Node) -> None:
     wait(lambda: 'job_id="60' not in get_text(node.node_exporter), 3, "the textfile to drop them")
 
 
+def test_a_hung_sidecars_series_go_once_its_file_is_two_intervals_old(node: Node) -> None:
+    from slurmhealth.export_state import stale_after
+
+    hung = node.sidecar("603")
+    promql = 'slurmhealth_gpu_up{job_id="603"}'
+    try:
+        wait(lambda: len(node.series(promql)) == 8, 30, "Prometheus to see job 603")
+        hung.send_signal(signal.SIGSTOP)  # alive, but its file no longer changes
+        gone = wait(lambda: not node.series(promql), 30, "the hung job's series to vanish")
+        assert gone <= stale_after(1.0) + 3.0  # its last write, then one scrape
+        text = get_text(node.exporter_url)
+        assert 'slurmhealth_sidecars{node="node1",state="stale"} 1.0' in text
+    finally:
+        hung.send_signal(signal.SIGCONT)
+        hung.terminate()
+        hung.wait(10)
+
+
 def test_stopping_the_exporter_takes_its_textfile_away(node: Node) -> None:
     textfile = node.tmp / "textfile" / "slurmhealth.prom"
     assert textfile.exists() and oct(textfile.stat().st_mode & 0o777) == "0o644"
