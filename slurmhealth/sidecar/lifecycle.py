@@ -10,6 +10,7 @@ file (overwritten by a second start, or never written on a full disk).
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -152,11 +153,22 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
         _record_death(cfg, node, job_id, pid)
     else:
         outcome = "no sidecar"
-    for path in (files.pid, files.export, *_mapping_files(cfg, node, job_id)):
+    for path in (files.pid, files.export, *_leftovers(cfg, node, job_id)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a killed sidecar's series go with its file
     shutil.rmtree(files.job_dir, ignore_errors=True)
     return outcome
+
+
+def _leftovers(cfg: Config, node: str, job_id: str) -> list[str]:
+    """What a killed sidecar may have left besides its pid and series files: half-written
+    temporary files and dcgm-exporter job-mapping files that still name the job."""
+    files = SidecarFiles.of(cfg, node, job_id)
+    export_dir, job = os.path.dirname(files.export), glob.escape(job_id)
+    found = glob.glob(os.path.join(glob.escape(export_dir), f".job-{job}.json.*.tmp"))
+    found += glob.glob(f"{glob.escape(files.pid)}.tmp.*")
+    found += glob.glob(os.path.join(glob.escape(files.run_dir), f".sidecar-{job}.pid.*.tmp"))
+    return found + _mapping_files(cfg, node, job_id)
 
 
 def _mapping_files(cfg: Config, node: str, job_id: str) -> list[str]:

@@ -34,7 +34,7 @@ def _job(n: int) -> str:
     return str(BASE + n)
 
 
-def _config(tmp: Path, **sidecar: float) -> Config:
+def _config(tmp: Path, **sidecar: float | str) -> Config:
     (tmp / "scenario.toml").write_text(HEALTHY)
     extra = "".join(f"{k} = {v}\n" for k, v in sidecar.items())
     path = tmp / "config.toml"
@@ -92,16 +92,21 @@ def _stubborn(tmp: Path, job: str, run_dir: str, name: str) -> subprocess.Popen[
 def test_the_epilog_kills_a_sidecar_that_ignores_sigterm_and_drops_its_series(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    cfg = _config(tmp_path, stop_grace_s=0.3)
+    mapping = tmp_path / "dcgm" / "node1"
+    cfg = _config(tmp_path, stop_grace_s=0.3, dcgm_job_mapping_dir=f'"{tmp_path}/dcgm/{{node}}"')
     job = _job(1)
     run = tmp_path / "run" / "node1"
     (run / "export").mkdir(parents=True)
+    mapping.mkdir(parents=True)
+    (mapping / "0").write_text(f"{job}\n")  # the job's GPU 0 in dcgm-exporter's job mapping
+    (mapping / "1").write_text("42\n")  # another job's GPU
     with_pid_file = _stubborn(tmp_path, job, "", "a")  # found by its pid file only
     without = _stubborn(tmp_path, job, str(run), "b")  # a second start overwrote its pid
     other_node = _stubborn(tmp_path, job, str(tmp_path / "run" / "node2"), "c")
     procs += [with_pid_file, without, other_node]
     (run / f"sidecar-{job}.pid").write_text(f"{with_pid_file.pid}\n")
     (run / "export" / f"job-{job}.json").write_text("{}")
+    (run / "export" / f".job-{job}.json.{with_pid_file.pid}.tmp").write_text("{")  # half
 
     t0 = time.monotonic()
     outcome = stop_sidecar(cfg, "node1", job)
@@ -112,6 +117,7 @@ def test_the_epilog_kills_a_sidecar_that_ignores_sigterm_and_drops_its_series(
     assert outcome == f"sidecar {first} killed after 0.3 s; sidecar {second} killed after 0.3 s"
     assert _alive(other_node)  # the same job's sidecar of another node on this host
     assert list(run.glob("sidecar-*")) == [] and list((run / "export").iterdir()) == []
+    assert [p.name for p in mapping.iterdir()] == ["1"]
 
 
 def test_a_job_that_ends_while_its_sidecar_starts_leaves_nothing_running(
