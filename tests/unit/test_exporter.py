@@ -4,7 +4,6 @@ simulated node start, crash and stop under them."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from tests.prometheus_util import (
     start_node_exporter,
     start_prometheus,
 )
+from tests.support.sim_config import sidecar_config, sidecar_env
 
 pytestmark = pytest.mark.prometheus
 
@@ -31,18 +31,7 @@ name = "busy"
 [all_gpus]
 utilization_gpu = 60
 """
-CONFIG = """
-[gpu]
-backend = "sim"
-sim_scenario = "{tmp}/scenario.toml"
-sim_kernel_log = "{tmp}/kmsg"
-[paths]
-db = "{tmp}/history.db"
-run_dir = "{tmp}/run"
-[sidecar]
-interval_s = 1.0
-job_check_interval_s = 100000
-[metrics]
+METRICS = """[metrics]
 bind = "127.0.0.1"
 port = {port}
 textfile_dir = "{tmp}/textfile"
@@ -85,14 +74,9 @@ class Node:
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     tmp = tmp_path_factory.mktemp("exporter")
     (tmp / "textfile").mkdir()
-    (tmp / "scenario.toml").write_text(SCENARIO)
     port = free_port()
-    (tmp / "config.toml").write_text(CONFIG.format(tmp=tmp, port=port))
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "SLURMHEALTH"))},
-        "SLURMHEALTH_CONFIG": str(tmp / "config.toml"),
-        "SLURMD_NODENAME": "node1",
-    }
+    metrics = METRICS.format(tmp=tmp, port=port)
+    env = sidecar_env(sidecar_config(tmp, SCENARIO, db="history.db", extra=metrics))
     exporter = subprocess.Popen([sys.executable, "-m", "slurmhealth", "exporter"], env=env)
     stops: list[Callable[[], None]] = []
     try:

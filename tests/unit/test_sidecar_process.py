@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tests.support.sim_config import sidecar_config, sidecar_env
 
 T = TypeVar("T")
 DEADLINE_S = 90.0  # for anything the sidecar must do: generous, only a hung sidecar hits it
@@ -56,33 +57,14 @@ utilization_gpu = 0
 
 
 def _start(tmp: Path, scenario: str, job: str, hang_after: float) -> subprocess.Popen[bytes]:
-    (tmp / "scenario.toml").write_text(scenario)
-    (tmp / "config.toml").write_text(
-        f"""
-[gpu]
-backend = "sim"
-sim_scenario = "{tmp}/scenario.toml"
-sim_kernel_log = "{tmp}/kmsg"
-[paths]
-db = "{tmp}/history.db"
-run_dir = "{tmp}/run"
-[sidecar]
-interval_s = 1.0
-job_check_interval_s = 100000
-dcgm_job_mapping_dir = "{tmp}/dcgm-job-mapping"
-throttle_sustain_s = 2.0
-straggler_window_s = 3.0
-hang_after_s = {hang_after}
-# the test's loop writes its steps in bursts, each once the sidecar read the one before:
-# on a loaded machine the gaps between bursts are long, and no stall is meant
-stall_factor = 1000.0
-"""
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "SLURMHEALTH"))},
-        "SLURMHEALTH_CONFIG": str(tmp / "config.toml"),
-        "SLURMD_NODENAME": "node1",
-    }
+    # the test's loop writes its steps in bursts, each once the sidecar read the one before:
+    # on a loaded machine the gaps between bursts are long, and no stall is meant
+    config = sidecar_config(
+        tmp, scenario, db="history.db", dcgm_job_mapping_dir=f'"{tmp}/dcgm-job-mapping"',
+        throttle_sustain_s=2.0, straggler_window_s=3.0, hang_after_s=hang_after,
+        stall_factor=1000.0,
+    )  # fmt: skip
+    env = sidecar_env(config)
     return subprocess.Popen(
         [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job, "--gpus", "0-7"],
         env=env,

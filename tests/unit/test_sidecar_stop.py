@@ -18,6 +18,7 @@ from slurmhealth.config import Config, load_config
 from slurmhealth.model import Job
 from slurmhealth.sidecar.lifecycle import RUN_DIR_ENV, start_sidecar, stop_sidecar
 from slurmhealth.sidecar.presence import JobPresence
+from tests.support.sim_config import sidecar_config, sidecar_env
 
 DEADLINE_S = 60.0
 # job ids no other process on this machine carries (presence scans every process)
@@ -34,24 +35,8 @@ def _job(n: int) -> str:
     return str(BASE + n)
 
 
-def _config(tmp: Path, **sidecar: float | str) -> Config:
-    (tmp / "scenario.toml").write_text(HEALTHY)
-    extra = "".join(f"{k} = {v}\n" for k, v in sidecar.items())
-    path = tmp / "config.toml"
-    path.write_text(
-        f"""
-[gpu]
-backend = "sim"
-sim_scenario = "{tmp}/scenario.toml"
-sim_kernel_log = "{tmp}/kmsg"
-[paths]
-db = "{tmp}/db/history.db"
-run_dir = "{tmp}/run/{{node}}"
-[sidecar]
-interval_s = 1.0
-{extra}"""
-    )
-    return load_config(str(path), env={})
+def _config(tmp: Path, **sidecar: object) -> Config:
+    return load_config(str(sidecar_config(tmp, HEALTHY, **sidecar)), env={})
 
 
 def _wait_for(what: str, ready: Callable[[], object]) -> None:
@@ -92,17 +77,17 @@ def _stubborn(tmp: Path, job: str, run_dir: str, name: str) -> subprocess.Popen[
 def test_the_epilog_kills_a_sidecar_that_ignores_sigterm_and_drops_its_series(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    mapping = tmp_path / "dcgm" / "node1"
-    cfg = _config(tmp_path, stop_grace_s=0.3, dcgm_job_mapping_dir=f'"{tmp_path}/dcgm/{{node}}"')
+    mapping = tmp_path / "dcgm"
+    cfg = _config(tmp_path, stop_grace_s=0.3, dcgm_job_mapping_dir=f'"{mapping}"')
     job = _job(1)
-    run = tmp_path / "run" / "node1"
+    run = tmp_path / "run"
     (run / "export").mkdir(parents=True)
     mapping.mkdir(parents=True)
     (mapping / "0").write_text(f"{job}\n")  # the job's GPU 0 in dcgm-exporter's job mapping
     (mapping / "1").write_text("42\n")  # another job's GPU
     with_pid_file = _stubborn(tmp_path, job, "", "a")  # found by its pid file only
     without = _stubborn(tmp_path, job, str(run), "b")  # a second start overwrote its pid
-    other_node = _stubborn(tmp_path, job, str(tmp_path / "run" / "node2"), "c")
+    other_node = _stubborn(tmp_path, job, str(tmp_path / "run-of-node2"), "c")
     procs += [with_pid_file, without, other_node]
     (run / f"sidecar-{job}.pid").write_text(f"{with_pid_file.pid}\n")
     (run / "export" / f"job-{job}.json").write_text("{}")
@@ -128,7 +113,7 @@ def test_a_job_that_ends_while_its_sidecar_starts_leaves_nothing_running(
     monkeypatch.setenv("SLURMHEALTH_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("SLURMHEALTH_LOG_FILE", str(tmp_path / "sidecar.log"))
     job = Job(job_id=_job(2), node="node1", gpus=(0, 1))
-    run = tmp_path / "run" / "node1"
+    run = tmp_path / "run"
 
     pid = start_sidecar(cfg, job)
     assert pid is not None
@@ -143,14 +128,9 @@ def test_a_job_that_ends_while_its_sidecar_starts_leaves_nothing_running(
 
 
 def _sidecar(tmp: Path, job: str, log: str) -> subprocess.Popen[bytes]:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "SLURMHEALTH"))},
-        "SLURMHEALTH_CONFIG": str(tmp / "config.toml"),
-        "SLURMD_NODENAME": "node1",
-    }
     with open(tmp / log, "wb") as err:
         argv = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job, "--gpus", "0"]
-        return subprocess.Popen(argv, env=env, stderr=err)
+        return subprocess.Popen(argv, env=sidecar_env(tmp / "config.toml"), stderr=err)
 
 
 def test_a_sidecar_whose_job_never_shows_up_ends_after_the_grace(
@@ -171,7 +151,7 @@ def test_a_sidecar_whose_job_never_shows_up_ends_after_the_grace(
     _wait_for("the unseen job's sidecar to end", lambda: not _alive(orphan))
     assert orphan.returncode == 0 and time.monotonic() - t0 >= 3
     assert "stopped (job gone)" in (tmp_path / "never.log").read_text()
-    run = tmp_path / "run" / "node1"
+    run = tmp_path / "run"
     assert not (run / f"sidecar-{never}.pid").exists()
     assert not (run / "export" / f"job-{never}.json").exists()
     assert _alive(watched)  # its job runs: the grace is not a time limit
