@@ -115,6 +115,8 @@ def _terminate(pids: list[int], job_id: str, grace_s: float) -> str:
             outcomes.append(f"sidecar {pid} killed after {grace_s:g} s")
         else:
             outcomes.append(f"sidecar {pid} stopped")
+    if left:  # a sidecar that does not stop when asked: someone should look
+        log.warning("job %s: %s", job_id, "; ".join(outcomes))
     return "; ".join(outcomes)
 
 
