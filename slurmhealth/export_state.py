@@ -19,9 +19,10 @@ import stat
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client.core import Metric
+if TYPE_CHECKING:  # not at import: the prolog imports this module to start a sidecar
+    from prometheus_client.core import Metric
 
 FORMAT = 1
 _JOB_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,63}\Z")
@@ -208,6 +209,8 @@ def _dead_pid_files(run_dir: str) -> set[str]:
 def merged(families: Iterable[list[dict[str, Any]]]) -> list[Metric]:
     """Families of several jobs merged by name (one ``# TYPE`` line each); malformed
     entries are left out."""
+    from prometheus_client.core import Metric
+
     by_name: dict[str, Metric] = {}
     for fams in families:
         for fam in fams:

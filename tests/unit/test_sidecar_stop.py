@@ -175,3 +175,17 @@ def test_presence_counts_a_job_never_seen_as_ended_only_after_the_grace(tmp_path
         now[0] = t
         checks.append(presence.ended())
     assert checks == [False, False, False, True]
+
+
+def test_the_prolog_starts_and_the_epilog_stops_without_the_prometheus_client() -> None:
+    """Loading it costs every prolog a quarter of a second on a busy node."""
+    code = (
+        "import sys\n"
+        "from slurmhealth.config import Config\n"
+        "from slurmhealth.sidecar.lifecycle import stop_sidecar\n"
+        "from slurmhealth.sidecar.run import SidecarFiles\n"
+        "SidecarFiles.of(Config(), 'n1', '5')\n"
+        "assert 'prometheus_client' not in sys.modules, 'loaded'\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
