@@ -219,6 +219,18 @@ def test_training_template_reports_task_metrics(fleet: Fleet) -> None:
     assert done.state == "COMPLETED", done.record
 
 
+def test_a_job_that_ends_at_once_leaves_no_sidecar_on_any_node(healthy: Cluster) -> None:
+    """`sbatch --wrap true` on three nodes: each epilog comes while its sidecar is still
+    starting, and must stop it (the sidecar never sees the job to miss it)."""
+    job = healthy.sbatch("-N3", "--gres=gpu:8", "-o", "/dev/null", "--wrap", "true")
+    assert job.state == "COMPLETED" and job.nodes == list(NODES), job.record
+    _wait(lambda: not _sidecar_pids(job.job_id), 10, "every node's sidecar to go")
+    for node in NODES:
+        run = healthy.dir / "nodes" / node / "run"
+        assert not (run / f"sidecar-{job.job_id}.pid").exists(), node
+        assert not (run / "export" / f"job-{job.job_id}.json").exists(), node
+
+
 def test_sidecar_exits_when_its_jobs_processes_are_gone(healthy: Cluster, tmp_path: Path) -> None:
     """No epilog comes: the sidecar sees its job's processes go (never asking slurmctld)."""
     config = tmp_path / "config.toml"
