@@ -31,6 +31,7 @@ log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"
 RUN_DIR_ENV = "SLURMHEALTH_SIDECAR_RUN_DIR"  # which node's sidecar this is (stop finds it)
 KILL_WAIT_S = 0.5  # after SIGKILL, for the process to be gone
+EXEC_WAIT_S = 1.0  # after the start, for its command line to show
 
 
 def start_sidecar(cfg: Config, job: Job) -> int | None:
@@ -64,7 +65,21 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
         write_atomic(files.run_dir, os.path.basename(files.pid), f"{proc.pid}\n".encode(), 0o644)
     except OSError as exc:  # the epilog still finds it by its environment
         log.warning("job %s: sidecar pid file not written: %s", job.job_id, exc)
+    _until_recognisable(proc, job.job_id)
     return proc.pid
+
+
+def _until_recognisable(proc: subprocess.Popen[bytes], job_id: str) -> None:
+    """Wait (bounded) until the new process shows its command line: Popen returns while
+    the kernel is still setting up the exec, with ``/proc/PID/cmdline`` empty, and an
+    epilog right then would take the sidecar for a dead one."""
+    deadline = time.monotonic() + EXEC_WAIT_S
+    while not _is_our_sidecar(proc.pid, job_id) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            log.warning("job %s: sidecar %d not recognisable after %g s", job_id, proc.pid,
+                        EXEC_WAIT_S)  # fmt: skip
+            return
+        time.sleep(0.001)
 
 
 def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
