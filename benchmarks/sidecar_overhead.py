@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/sidecar_overhead.py [--seconds 30] [--interval 1]
 Runs the real `slurmhealth sidecar` process for a job on the healthy 8x H100 simulated node
-(no Slurm needed), then reads its CPU time and RSS from /proc and times GET /metrics.
+(no Slurm needed), then reads its CPU time and RSS from /proc and times what the node's
+exporter does per scrape (read the job's state file, render the node's exposition).
 Reported: CPU % of one core (the simulator answers NVML calls in Python, so a real GPU node
 spends less in the library and more in the driver), ms of CPU per sample of 8 GPUs, RSS, and
 the median scrape time and size. Not part of the test run.
@@ -18,8 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from slurmhealth.config import load_config
+from slurmhealth.exporter import ConfigWatch, registry_for
+from slurmhealth.exposition import render
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -55,11 +59,7 @@ db = "{tmp}/history.db"
 run_dir = "{tmp}/run"
 [sidecar]
 interval_s = {args.interval}
-bind = "127.0.0.1"
-port_min = 29450
-port_max = 29499
 job_check_interval_s = 100000
-file_sd_dir = "{tmp}/file_sd"
 """
         )
         env = {**os.environ, "SLURMHEALTH_CONFIG": str(cfg), "SLURMD_NODENAME": "bench"}
@@ -68,20 +68,21 @@ file_sd_dir = "{tmp}/file_sd"
             env=env,
             stderr=subprocess.DEVNULL,
         )
-        port_file = Path(tmp, "run", "sidecar-4242.port")
+        state_file = Path(tmp, "run", "export", "job-4242.json")
         deadline = time.monotonic() + 20
-        while not port_file.exists() and time.monotonic() < deadline:
+        while not state_file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
-        port = int(port_file.read_text())
         time.sleep(2 * args.interval)  # past start-up and the first samples
         cpu0, t0 = _cpu_seconds(proc.pid), time.monotonic()
         time.sleep(args.seconds)
         cpu1, t1 = _cpu_seconds(proc.pid), time.monotonic()
         rss = _rss_mib(proc.pid)
         scrapes, size = [], 0
-        for _ in range(50):
+        watch = ConfigWatch(lambda: load_config(str(cfg), env=env))
+        registry = registry_for(watch.current)
+        for _ in range(50):  # what the node's exporter does per scrape
             s0 = time.perf_counter()
-            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+            body = render(registry)
             scrapes.append(time.perf_counter() - s0)
             size = len(body)
         proc.send_signal(signal.SIGTERM)
@@ -91,7 +92,7 @@ file_sd_dir = "{tmp}/file_sd"
     print(f"sidecar, 8 simulated GPUs, interval {args.interval:g} s, {args.seconds:g} s measured:")
     print(f"  CPU {cpu_share * 100:.1f}% of one core, {per_sample_ms:.1f} ms CPU per interval")
     print(f"  RSS {rss:.0f} MiB")
-    print(f"  GET /metrics median {statistics.median(scrapes) * 1000:.1f} ms, {size} bytes")
+    print(f"  exporter scrape median {statistics.median(scrapes) * 1000:.1f} ms, {size} bytes")
 
 
 if __name__ == "__main__":

@@ -84,13 +84,14 @@ class SlurmConfig:
 class SidecarConfig:
     enabled: bool = True  # the prolog starts one per job, the epilog stops it
     interval_s: float = 10.0  # GPU sampling interval (minimum 1 s)
-    port_min: int = 9450  # the sidecar's /metrics port is the first free one in the range
-    port_max: int = 9549
-    bind: str = "0.0.0.0"
-    file_sd_dir: str = "/run/slurmhealth/file_sd"  # Prometheus file_sd targets; "" = none
     dcgm_job_mapping_dir: str = ""  # dcgm-exporter HPC job mapping (one file per GPU index)
     flush_every: int = 6  # samples are written to the history every N intervals
-    job_check_interval_s: float = 60.0  # exit when squeue no longer knows the job
+    # look this often for the job's processes / cgroup on this node (never asks slurmctld):
+    # the sidecar exits once a job it saw running has none left
+    job_check_interval_s: float = 60.0
+    # ...or once the job showed none at all this long after the sidecar started (it ended
+    # before the first look; docs/metrics.md)
+    unseen_grace_s: float = 120.0
     hang_after_s: float = 900.0  # all the job's GPUs idle this long while it runs: hang
     hang_idle_pct: float = 5.0
     straggler_ratio: float = 0.75  # a GPU below this share of its peers' median...
@@ -113,6 +114,22 @@ class RdmaConfig:
     link_layer: str = ""  # judge only ports of this link layer (InfiniBand | Ethernet); "" = any
     # the fabric's HCAs ("mlx5_0") or ports ("mlx5_0/1"); empty = every port (of link_layer)
     devices: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
+
+    mode: str = "slurmhealth"  # slurmhealth | dcgm (dcgm-exporter exports the GPU counters)
+    bind: str = "0.0.0.0"
+    port: int = 9450  # the exporter's /metrics; 0 = no HTTP endpoint (textfile only)
+    textfile_dir: str = ""  # node_exporter's --collector.textfile.directory; "" = none
+    textfile_interval_s: float = 10.0  # how often slurmhealth.prom is rewritten there
+    per_link_nvlink: bool = False  # one series per NVLink and counter (18x per H100 GPU)
+    max_jobs: int = 256  # state files read per scrape, at most
+    max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
+    # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
+    fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
 
 
 @dataclass(frozen=True)
@@ -184,6 +201,7 @@ class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     sidecar: SidecarConfig = field(default_factory=SidecarConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     checks: ChecksConfig = field(default_factory=ChecksConfig)
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
@@ -221,6 +239,7 @@ ENV_KEYS: dict[str, str] = {
     "SLURMHEALTH_KERNEL_LOG": "kernel_log.source",
     "SLURMHEALTH_POLICY": "policy.mode",
     "SLURMHEALTH_RDMA_SYSFS": "rdma.sysfs_root",
+    "SLURMHEALTH_FAIL_OPEN_LOG": "metrics.fail_open_log",  # the hook wrappers' setting
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {
@@ -228,6 +247,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "policy.mode": ("drain", "warn"),
     "slurm.backend": ("cli", "pyslurm", "auto"),
     "rdma.link_layer": ("", "InfiniBand", "Ethernet"),
+    "metrics.mode": ("slurmhealth", "dcgm"),
 }
 
 _SECTIONS: dict[str, type[Any]] = {

@@ -68,10 +68,9 @@ RANGES: Mapping[str, Bound] = {
     "slurm.command_timeout_s": POSITIVE_S,
     "slurm.prolog_budget_s": POSITIVE_S,
     "sidecar.interval_s": Bound(1, DAY),  # the documented minimum is 1 s
-    "sidecar.port_min": Bound(1, 65535),
-    "sidecar.port_max": Bound(1, 65535),
     "sidecar.flush_every": Bound(1, 10_000),
     "sidecar.job_check_interval_s": Bound(1, 30 * DAY),
+    "sidecar.unseen_grace_s": Bound(1, 30 * DAY),
     "sidecar.hang_after_s": POSITIVE_S,
     "sidecar.hang_idle_pct": Bound(0, 100),
     "sidecar.straggler_ratio": Bound(0, 1, low_open=True),
@@ -80,6 +79,10 @@ RANGES: Mapping[str, Bound] = {
     "sidecar.throughput_drop": Bound(0, 1, low_open=True),
     "sidecar.stall_factor": Bound(1, 1e6),
     "sidecar.stop_grace_s": POSITIVE_S,
+    "metrics.port": Bound(0, 65535),
+    "metrics.textfile_interval_s": Bound(1, DAY),
+    "metrics.max_jobs": Bound(1, 100_000),
+    "metrics.max_state_bytes": Bound(4096, 1024**3),
     "evidence.source_timeout_s": POSITIVE_S,
     "evidence.source_max_bytes": Bound(1, 1 << 40),
     "evidence.budget_s": POSITIVE_S,
@@ -148,10 +151,7 @@ def _check_number(cfg: Config, dotted: str, value: float, bound: Bound, origin: 
 
 
 def _cross_rules(cfg: Config, env: Mapping[str, str]) -> None:
-    for low, high in (
-        ("sidecar.port_min", "sidecar.port_max"),
-        ("baseline.warn_pct", "baseline.fail_pct"),
-    ):
+    for low, high in (("baseline.warn_pct", "baseline.fail_pct"),):
         low_v, high_v = _value(cfg, low), _value(cfg, high)
         if low_v > high_v:
             _blame(cfg, [low, high], f"{low_v:g} is above {high} {high_v:g}")

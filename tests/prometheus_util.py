@@ -118,3 +118,52 @@ def query(base_url: str, promql: str, at: float | None = None) -> dict[str, Any]
         body = exc.read()
     answer: dict[str, Any] = json.loads(body)
     return answer
+
+
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+
+
+def free_port() -> int:
+    return _free_port()
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers at all (a server that is up)."""
+    try:
+        urllib.request.urlopen(url, timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def get_text(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+def start_node_exporter(
+    tmp_path: Path, textfile_dir: Path, timeout: float = 30.0
+) -> tuple[str, Callable[[], None]]:
+    """Debian's node_exporter on 127.0.0.1 with only its textfile collector reading
+    ``textfile_dir``; return ``(base_url, stop)``."""
+    binary = require_tool(NODE_EXPORTER)
+    log_path = tmp_path / "node_exporter.log"
+    port = _free_port()
+    base_url = f"http://127.0.0.1:{port}"
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            [binary, f"--web.listen-address=127.0.0.1:{port}", "--collector.disable-defaults",
+             "--collector.textfile", f"--collector.textfile.directory={textfile_dir}"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    stop = _stopper(proc)
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            get_text(f"{base_url}/metrics", timeout=1)
+            return base_url, stop
+        except (urllib.error.URLError, OSError):
+            time.sleep(0.05)
+    stop()
+    raise RuntimeError(f"node_exporter did not start: {log_path.read_text(errors='replace')}")

@@ -4,8 +4,9 @@ done below (hooks/, report/, baseline/, evidence/, ...).
 One module per command group, each loaded only when its command runs (see ``app.COMMANDS``):
 ``check`` (check, checks), ``hooks`` (prolog, epilog, sidecar), ``history`` (history,
 drains), ``nodes`` (nodes, resume), ``config``, ``report``, ``baseline`` (baseline,
-validate), ``evidence``, ``incident``, ``xid``. Shared options live in ``options``, tables and
-JSON output in ``render``. A new command is a module here plus one line in ``app.COMMANDS``.
+validate), ``evidence``, ``incident``, ``xid``, ``exporter``. Shared options live in
+``options``, tables and JSON output in ``render``. A new command is a module here plus one
+line in ``app.COMMANDS``.
 """
 
 from slurmhealth.cli.app import cli, main

@@ -36,6 +36,7 @@ COMMANDS: Mapping[str, str] = {
     "evidence": "evidence:evidence",
     "incident": "incident:incident",
     "xid": "xid:xid",
+    "exporter": "exporter:exporter",
     "config": "config:config",
 }
 

@@ -1,8 +1,16 @@
-"""Start a job's sidecar from the prolog (detached) and stop it from the epilog."""
+"""Start a job's sidecar from the prolog (detached) and stop it from the epilog.
+
+The prolog writes the sidecar's pid file itself, before it returns: a job that ends at once
+(``sbatch --wrap true``) gets its epilog while the sidecar is still starting, and the
+epilog must find it then. It also marks the sidecar's environment with the node's run
+directory, so the epilog finds every sidecar of the job on the node even without a pid
+file (overwritten by a second start, or never written on a full disk).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
@@ -14,11 +22,16 @@ import time
 from dataclasses import asdict
 
 from slurmhealth.config import Config
+from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
+from slurmhealth.export_state import write_atomic
 from slurmhealth.model import Job
 from slurmhealth.sidecar.run import SidecarFiles
 
 log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"
+RUN_DIR_ENV = "SLURMHEALTH_SIDECAR_RUN_DIR"  # which node's sidecar this is (stop finds it)
+KILL_WAIT_S = 0.5  # after SIGKILL, for the process to be gone
+EXEC_WAIT_S = 1.0  # after the start, for its command line to show
 
 
 def start_sidecar(cfg: Config, job: Job) -> int | None:
@@ -30,7 +43,7 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
         if job.uid is not None:
             os.chown(files.job_dir, job.uid, -1)
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
-        env = {**os.environ, LABELS_ENV: json.dumps(asdict(job))}
+        env = {**os.environ, LABELS_ENV: json.dumps(asdict(job)), RUN_DIR_ENV: files.run_dir}
         cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
         if job.gpus:
             cmd += ["--gpus", ",".join(map(str, job.gpus))]
@@ -48,16 +61,25 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
     except OSError as exc:
         log.warning("job %s: sidecar not started: %s", job.job_id, exc)
         return None
+    try:  # before the job can end: the epilog reads it (the sidecar rewrites the same)
+        write_atomic(files.run_dir, os.path.basename(files.pid), f"{proc.pid}\n".encode(), 0o644)
+    except OSError as exc:  # the epilog still finds it by its environment
+        log.warning("job %s: sidecar pid file not written: %s", job.job_id, exc)
+    _until_recognisable(proc, job.job_id)
     return proc.pid
 
 
-def _is_our_sidecar(pid: int, job_id: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            argv = fh.read().split(b"\0")
-    except OSError:
-        return False
-    return b"sidecar" in argv and job_id.encode() in argv
+def _until_recognisable(proc: subprocess.Popen[bytes], job_id: str) -> None:
+    """Wait (bounded) until the new process shows its command line: Popen returns while
+    the kernel is still setting up the exec, with ``/proc/PID/cmdline`` empty, and an
+    epilog right then would take the sidecar for a dead one."""
+    deadline = time.monotonic() + EXEC_WAIT_S
+    while not _is_our_sidecar(proc.pid, job_id) and proc.poll() is None:
+        if time.monotonic() > deadline:
+            log.warning("job %s: sidecar %d not recognisable after %g s", job_id, proc.pid,
+                        EXEC_WAIT_S)  # fmt: skip
+            return
+        time.sleep(0.001)
 
 
 def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
@@ -73,34 +95,112 @@ def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
         history.write(Batch(inserts=[("events", row)]))
 
 
-def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
-    """SIGTERM the job's sidecar, give it ``stop_grace_s`` for its final flush, then
-    SIGKILL; remove whatever it left. A pid file without its process is a dead sidecar:
-    recorded as a ``sidecar_died`` event. Returns what happened, for the log."""
-    files = SidecarFiles.of(cfg, node, job_id)
-    outcome = "no sidecar"
-    try:
-        with open(files.pid, encoding="ascii") as fh:
-            pid = int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        pid = 0
-    if pid and _is_our_sidecar(pid, job_id):
-        os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + cfg.sidecar.stop_grace_s
-        while time.monotonic() < deadline and _is_our_sidecar(pid, job_id):
-            time.sleep(0.05)
-        if _is_our_sidecar(pid, job_id):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            outcome = f"sidecar {pid} killed after {cfg.sidecar.stop_grace_s:g} s"
+def job_sidecars(job_id: str, run_dir: str, proc: str = "/proc") -> list[int]:
+    """The sidecars of ``job_id`` that a prolog started for ``run_dir`` (this node's)."""
+    needle = f"{RUN_DIR_ENV}={run_dir}".encode()
+    found = []
+    for entry in os.listdir(proc):
+        if not entry.isdigit() or not _is_our_sidecar(int(entry), job_id, proc):
+            continue
+        try:
+            with open(f"{proc}/{entry}/environ", "rb") as fh:
+                if needle in fh.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            continue  # gone since
+    return sorted(found)
+
+
+def _terminate(pids: list[int], job_id: str, grace_s: float) -> str:
+    """SIGTERM ``pids``, ``grace_s`` for their final flush, then SIGKILL those left and
+    wait (bounded) until they are gone. Returns what happened, for the log."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    left = _wait_gone(pids, job_id, grace_s)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    stuck = _wait_gone(left, job_id, KILL_WAIT_S)
+    outcomes = []
+    for pid in pids:
+        if pid in stuck:
+            outcomes.append(f"sidecar {pid} still there {KILL_WAIT_S:g} s after SIGKILL")
+        elif pid in left:
+            outcomes.append(f"sidecar {pid} killed after {grace_s:g} s")
         else:
-            outcome = f"sidecar {pid} stopped"
+            outcomes.append(f"sidecar {pid} stopped")
+    if left:  # a sidecar that does not stop when asked: someone should look
+        log.warning("job %s: %s", job_id, "; ".join(outcomes))
+    return "; ".join(outcomes)
+
+
+def _wait_gone(pids: list[int], job_id: str, timeout_s: float) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    left = [p for p in pids if _is_our_sidecar(p, job_id)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if _is_our_sidecar(p, job_id)]
+    return left
+
+
+def _read_pid(path: str) -> int:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return int(fh.read(32).strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
+    """Stop every sidecar of the job on this node (its pid file's, and any other the
+    prolog started here: :func:`job_sidecars`): SIGTERM, ``stop_grace_s`` for the final
+    flush, then SIGKILL. Then remove what they left, so the exporter drops the job's
+    series at its next scrape. A pid file without its process is a dead sidecar: recorded
+    as a ``sidecar_died`` event. Returns what happened, for the log."""
+    files = SidecarFiles.of(cfg, node, job_id)
+    pid = _read_pid(files.pid)
+    pids = set(job_sidecars(job_id, files.run_dir))
+    if pid and _is_our_sidecar(pid, job_id):
+        pids.add(pid)
+    if pids:
+        outcome = _terminate(sorted(pids), job_id, cfg.sidecar.stop_grace_s)
     elif pid:
         outcome = f"sidecar {pid} died before the epilog"
         _record_death(cfg, node, job_id, pid)
-    for path in (files.pid, files.port, files.file_sd):
-        if path:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+    else:
+        outcome = "no sidecar"
+    for path in (files.pid, files.export, *_leftovers(cfg, node, job_id)):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a killed sidecar's series go with its file
     shutil.rmtree(files.job_dir, ignore_errors=True)
     return outcome
+
+
+def _leftovers(cfg: Config, node: str, job_id: str) -> list[str]:
+    """What a killed sidecar may have left besides its pid and series files: half-written
+    temporary files and dcgm-exporter job-mapping files that still name the job."""
+    files = SidecarFiles.of(cfg, node, job_id)
+    export_dir, job = os.path.dirname(files.export), glob.escape(job_id)
+    found = glob.glob(os.path.join(glob.escape(export_dir), f".job-{job}.json.*.tmp"))
+    found += glob.glob(f"{glob.escape(files.pid)}.tmp.*")
+    found += glob.glob(os.path.join(glob.escape(files.run_dir), f".sidecar-{job}.pid.*.tmp"))
+    return found + _mapping_files(cfg, node, job_id)
+
+
+def _mapping_files(cfg: Config, node: str, job_id: str) -> list[str]:
+    """The dcgm-exporter job-mapping files that still name the job (a killed sidecar's)."""
+    if not cfg.sidecar.dcgm_job_mapping_dir:
+        return []
+    directory = cfg.expand(cfg.sidecar.dcgm_job_mapping_dir, node)
+    try:
+        names = [n for n in os.listdir(directory) if n.isdigit()]
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError), open(path, encoding="ascii", errors="replace") as fh:
+            if fh.read(128).strip() == job_id:
+                found.append(path)
+    return found

@@ -1,21 +1,21 @@
 """The sidecar process: one per job per node, started by the prolog, stopped by the epilog.
 
 Every ``sidecar.interval_s`` it snapshots the job's GPUs, swaps a fresh
-:class:`ExportState` in for the Prometheus collector, feeds the detectors, and batches
-samples and events into the node's history. It serves ``/metrics`` on the first free port of
-``sidecar.port_min..port_max``, announces itself in a Prometheus ``file_sd`` file, and exits
-on SIGTERM (final flush), or by itself once Slurm no longer knows the job.
+:class:`ExportState` in, publishes the job's series as a state file that the node's one
+scrape target (``slurmhealth exporter``) serves (:mod:`slurmhealth.export_state`), feeds the
+detectors, and batches samples and events into the node's history. It exits on SIGTERM
+(final flush), or by itself once the job it saw running has no process left on the node, or
+never showed one in ``sidecar.unseen_grace_s`` (:mod:`slurmhealth.sidecar.presence`;
+slurmctld is never asked).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -28,7 +28,7 @@ from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.state import Event
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
-    from http.server import ThreadingHTTPServer
+    pass
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -38,19 +38,20 @@ class SidecarFiles:
     """Where a job's sidecar leaves traces on the node (all removed when it stops)."""
 
     pid: str
-    port: str
-    file_sd: str | None
+    export: str  # the job's series for the exporter (export_state)
     job_dir: str
+    run_dir: str
 
     @classmethod
     def of(cls, cfg: Config, node: str, job_id: str) -> SidecarFiles:
+        from slurmhealth.export_state import state_path
+
         run = cfg.expand(cfg.paths.run_dir, node)
-        sd = cfg.expand(cfg.sidecar.file_sd_dir, node) if cfg.sidecar.file_sd_dir else None
         return cls(
             pid=os.path.join(run, f"sidecar-{job_id}.pid"),
-            port=os.path.join(run, f"sidecar-{job_id}.port"),
-            file_sd=None if sd is None else os.path.join(sd, f"slurmhealth-{node}-{job_id}.json"),
+            export=state_path(run, job_id),
             job_dir=os.path.join(run, "jobs", job_id),
+            run_dir=run,
         )
 
 
@@ -110,50 +111,51 @@ class Sidecar:
         self._event_counts: Counter[tuple[str, int | None]] = Counter()
         self._xid_counts: Counter[tuple[int, int]] = Counter()
         self._seen_xids: dict[tuple[str, int], float] = {}
-        self.port: int | None = None
         self._captured = False
+        self._publish_failed = False
         self._history: History | None = None
         self._why_stopped = "job gone"
+        from slurmhealth.metrics import SidecarCollector
 
-    # -- exporter ----------------------------------------------------------------------
+        mc = cfg.metrics
+        self._collector = SidecarCollector(
+            self.state, mode=mc.mode, per_link_nvlink=mc.per_link_nvlink
+        )
+
+    # -- export ----------------------------------------------------------------------
     def state(self) -> ExportState:
         with self._lock:
             return self._state
 
-    def _serve(self) -> ThreadingHTTPServer:
-        """/metrics on the first free port of ``sidecar.port_min..port_max``."""
-        from slurmhealth.metrics import serve
-
-        sc = self.cfg.sidecar
-        server = serve(self.state, sc.bind, range(sc.port_min, sc.port_max + 1))
-        self.port = server.server_address[1]
-        return server
-
     def _announce(self) -> None:
-        host = self.cfg.sidecar.bind
-        if host in ("0.0.0.0", "::", ""):
-            host = socket.getfqdn()
         _write_atomic(self.files.pid, f"{os.getpid()}\n")
-        _write_atomic(self.files.port, f"{self.port}\n")
-        if self.files.file_sd:
-            labels = {"job_id": self.labels.job_id, "node": self.node}
-            target = [{"targets": [f"{host}:{self.port}"], "labels": labels}]
-            _write_atomic(self.files.file_sd, json.dumps(target) + "\n")
         mapping = self.cfg.sidecar.dcgm_job_mapping_dir
         if mapping:  # dcgm-exporter's HPC job mapping: a file per GPU index with the job id
             for gpu in self.gpus:
                 _write_atomic(os.path.join(self.cfg.expand(mapping, self.node), str(gpu)),
                               f"{self.labels.job_id}\n")  # fmt: skip
 
+    def _publish(self) -> None:
+        """The job's series, as the exporter will serve them; a failure is logged once and
+        the sidecar carries on (its history and detectors do not depend on it)."""
+        from slurmhealth.export_state import UnsafeDir, encode, write_state
+
+        try:
+            data = encode(self._collector.collect(), self.labels.job_id, os.getpid(), time.time())
+            write_state(self.files.run_dir, self.labels.job_id, data)
+        except (OSError, UnsafeDir, ValueError) as exc:
+            if not self._publish_failed:
+                log.warning("job %s: series not published: %s", self.labels.job_id, exc)
+            self._publish_failed = True
+
     def cleanup(self) -> None:
-        paths = [self.files.pid, self.files.port, self.files.file_sd]
+        paths = [self.files.pid, self.files.export]
         mapping = self.cfg.sidecar.dcgm_job_mapping_dir
         if mapping:
             paths += [os.path.join(self.cfg.expand(mapping, self.node), str(g)) for g in self.gpus]
         for path in paths:
-            if path:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
 
     # -- history -------------------------------------------------------------------------
     def _flush(self, ingest: bool = True, busy_timeout_ms: int = 1000) -> None:
@@ -220,32 +222,27 @@ class Sidecar:
 
     def _loop(self) -> None:
         from slurmhealth.gpu import open_backend
-        from slurmhealth.history.read import drain_rows
         from slurmhealth.kernel_log import KernelLogReader
         from slurmhealth.sidecar.detectors import Detectors
+        from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
-        from slurmhealth.slurm import SlurmError, open_slurm
 
         backend = open_backend(self.cfg)
-        server = self._serve()
         try:
             self._announce()
         except BaseException:  # a full disk: leave nothing behind
             self.cleanup()
-            server.shutdown()
-            server.server_close()
             backend.close()
             raise
-        log.info("job %s: sidecar on port %s for GPUs %s", self.labels.job_id, self.port, self.gpus)
+        log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
-        slurm = open_slurm(self.cfg.slurm.backend, self.cfg.slurm.command_timeout_s)
+        presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
         source = self.cfg.kernel_log.source
         if source == "auto":
             source = backend.kernel_log_hint or "kmsg"
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
         with History.for_node(self.cfg, self.node) as history:
             cursor = history.kv_get("kernel_log_cursor")  # read-only: the epilog owns it
-            suppressed = len(drain_rows(history, state="suppressed"))
         xid_queue: list[XidEvent] = []
         xid_thread = threading.Thread(
             target=self._watch_xids, args=(backend, xid_queue), daemon=True, name="xid-watch"
@@ -299,25 +296,23 @@ class Sidecar:
                         xid_counts=dict(self._xid_counts),
                         event_counts=dict(self._event_counts),
                         task=stats,
-                        drains_suppressed_total=suppressed,
                         samples_total=self._state.samples_total + len(snapshot.gpus),
                     )
+                self._publish()
                 intervals += 1
                 every = max(1, self.cfg.sidecar.flush_every)
                 self._flush(ingest=bool(events) or intervals % every == 0)
                 if time.monotonic() >= next_job_check:
                     next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
-                    with contextlib.suppress(SlurmError):
-                        info = slurm.job(self.labels.job_id)
-                        if info is None or info.state not in ("running", "configuring", ""):
-                            break
+                    if presence.ended():
+                        log.info("job %s has no process left here: sidecar exits",
+                                 self.labels.job_id)  # fmt: skip
+                        break
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
         finally:
             # within the epilog's grace: a busy database leaves the rows in the spool
             self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
             self.cleanup()
-            server.shutdown()
-            server.server_close()
             backend.close()
 
     def _capture_now(self, events: list[Event]) -> None:

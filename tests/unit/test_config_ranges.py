@@ -28,9 +28,11 @@ def load(tmp_path: Path, text: str, **env: str) -> Config:
         ("[policy]\ndrain_max_share = 5", "policy.drain_max_share"),  # the breaker off
         ("[policy]\ndrain_max_share = 0", "policy.drain_max_share"),
         ("[policy]\ndrain_max_share = nan", "policy.drain_max_share"),
-        ("[sidecar]\nport_min = 9500\nport_max = 9400", "sidecar.port_min"),
-        ("[sidecar]\nport_min = 0", "sidecar.port_min"),
-        ("[sidecar]\nport_max = 70000", "sidecar.port_max"),
+        ("[metrics]\nport = -1", "metrics.port"),
+        ("[metrics]\nport = 70000", "metrics.port"),
+        ("[metrics]\ntextfile_interval_s = 0", "metrics.textfile_interval_s"),
+        ("[metrics]\nmax_state_bytes = 10", "metrics.max_state_bytes"),
+        ('[metrics]\nmode = "dcgm-exporter"', "metrics.mode"),
         ("[sidecar]\ninterval_s = 0", "sidecar.interval_s"),
         ("[sidecar]\ninterval_s = 0.5", "sidecar.interval_s"),  # under the documented 1 s
         ("[sidecar]\nflush_every = 0", "sidecar.flush_every"),
@@ -55,7 +57,7 @@ def load(tmp_path: Path, text: str, **env: str) -> Config:
         ("[checks.thermal]\nwarn_celsius = nan", "checks.thermal.warn_celsius"),
         ("[checks.thermal]\nwarn_celsius = " + "9" * 400, "checks.thermal.warn_celsius"),
         ("[gpu]\nsnapshot_timeout_s = " + "9" * 400, "gpu.snapshot_timeout_s"),
-        ("[sidecar]\nport_max = " + "9" * 400, "sidecar.port_max"),
+        ("[metrics]\nport = " + "9" * 400, "metrics.port"),
     ],
 )
 def test_each_bad_value_names_the_file_and_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -67,8 +69,8 @@ def test_each_bad_value_names_the_file_and_the_key(tmp_path: Path, text: str, ke
 def test_the_defaults_and_the_shipped_settings_pass(tmp_path: Path) -> None:
     cfg = load(tmp_path, "")
     assert cfg.sidecar.interval_s == 10.0
-    sane = load(tmp_path, "[sidecar]\ninterval_s = 1\nport_min = 9450\nport_max = 9450\n")
-    assert sane.sidecar.port_min == sane.sidecar.port_max
+    sane = load(tmp_path, '[sidecar]\ninterval_s = 1\n[metrics]\nport = 0\nmode = "dcgm"\n')
+    assert sane.metrics.port == 0 and sane.metrics.mode == "dcgm"
 
 
 def test_a_value_from_the_environment_names_the_variable(tmp_path: Path) -> None:
@@ -141,7 +143,7 @@ def test_config_check_exits_2_with_one_line(tmp_path: Path) -> None:
     env |= {"SLURMHEALTH_CONFIG": str(path), "SLURMHEALTH_DB": str(tmp_path / "h.db")}
     for text, key in [
         ("[policy]\ndrain_max_share = 5\n", "policy.drain_max_share"),
-        ("[sidecar]\nport_min = 9600\n", "sidecar.port_min"),
+        ("[metrics]\nport = 70000\n", "metrics.port"),
         ("[gpu]\nsnapshot_timeout_s = 30.0\n", "gpu.snapshot_timeout_s"),
     ]:
         path.write_text(text)

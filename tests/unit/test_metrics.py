@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from slurmhealth.metrics import GPU_LABELS, JOB_LABELS, SidecarCollector, render
+from slurmhealth.metrics import GPU_LABELS, INFO_LABELS, JOB_LABELS, SidecarCollector, render
 from slurmhealth.model import (
     ExportState,
     GpuState,
@@ -42,7 +42,7 @@ EXPECTED_NAMES = {
     "slurmhealth_gpu_clock_event_active",
     "slurmhealth_gpu_row_remap_pending",
     "slurmhealth_gpu_row_remap_failure",
-    "slurmhealth_gpu_nvlink_up",
+    "slurmhealth_gpu_nvlink_links_down",
     "slurmhealth_gpu_up",
     "slurmhealth_gpu_pcie_link_gen",
     "slurmhealth_gpu_pcie_link_width",
@@ -54,11 +54,9 @@ EXPECTED_NAMES = {
     "slurmhealth_gpu_pcie_replay_errors_total",
     "slurmhealth_gpu_xid_errors_total",
     "slurmhealth_events_total",
-    "slurmhealth_node_drains_suppressed_total",
     "slurmhealth_sidecar_samples_total",
     # job level
     "slurmhealth_job_info",
-    "slurmhealth_sidecar_start_time_seconds",
 }
 TASK_NAMES = {
     "slurmhealth_job_steps_total",
@@ -118,18 +116,16 @@ def state(**changes: object) -> ExportState:
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
-def registry_for(st: ExportState) -> CollectorRegistry:
+def registry_for(st: ExportState, **options: object) -> CollectorRegistry:
     registry = CollectorRegistry()
-    registry.register(SidecarCollector(lambda: st))
+    registry.register(SidecarCollector(lambda: st, **options))  # type: ignore[arg-type]
     return registry
 
 
 def gpu_labels(gpu: int, **extra: str) -> dict[str, str]:
     return {
-        "job_id": "4242", "user": "alice", "account": "ml", "partition": "gpu",
-        "qos": "normal", "priority": "1000", "node": "gpu-a01", "gpu": str(gpu),
-        "uuid": f"GPU-0000000{gpu}-aaaa-bbbb-cccc-dddddddddddd",
-        "model": "NVIDIA H100 80GB HBM3", **extra,
+        "job_id": "4242", "user": "alice", "priority": "1000", "node": "gpu-a01",
+        "gpu": str(gpu), "uuid": f"GPU-0000000{gpu}-aaaa-bbbb-cccc-dddddddddddd", **extra,
     }  # fmt: skip
 
 
@@ -159,6 +155,18 @@ def test_every_gpu_series_carries_the_job_and_gpu_labels(reg: CollectorRegistry)
             want = GPU_LABELS if s.name.startswith("slurmhealth_gpu_") else JOB_LABELS
             assert set(want) <= set(s.labels), s
             assert s.labels["node"] == "gpu-a01"
+
+
+def test_job_facts_other_than_the_queried_tags_are_on_job_info_only(
+    reg: CollectorRegistry,
+) -> None:
+    for fam in reg.collect():
+        for s in fam.samples:
+            extra = set(s.labels) - set(GPU_LABELS)
+            if s.name == "slurmhealth_job_info":
+                assert set(s.labels) == set(INFO_LABELS)
+            else:
+                assert not extra & {"account", "partition", "qos", "job_name", "gpu_model"}, s
 
 
 def test_units_are_converted_to_base_units(reg: CollectorRegistry) -> None:
@@ -199,35 +207,83 @@ def test_none_is_skipped_never_zero(reg: CollectorRegistry) -> None:
     assert get("slurmhealth_gpu_up", gpu_labels(5, status="ok")) == 1
 
 
-def test_nvlink_up_and_error_counters(reg: CollectorRegistry) -> None:
+def test_nvlinks_summed_per_gpu_by_default(reg: CollectorRegistry) -> None:
     get = reg.get_sample_value
-    assert get("slurmhealth_gpu_nvlink_up", gpu_labels(2, link="7")) == 0
-    assert get("slurmhealth_gpu_nvlink_up", gpu_labels(2, link="6")) == 1
-    assert get("slurmhealth_gpu_nvlink_up", gpu_labels(0, link="17")) == 1
+    assert get("slurmhealth_gpu_nvlink_links_down", gpu_labels(2)) == 1
+    assert get("slurmhealth_gpu_nvlink_links_down", gpu_labels(0)) == 0
     errs = "slurmhealth_gpu_nvlink_errors_total"
+    assert get(errs, gpu_labels(0, counter="replay")) == sum(range(18))
+    assert get(errs, gpu_labels(0, counter="crc_flit")) == 2 * sum(range(18))
+    assert get(errs, gpu_labels(0, counter="recovery")) == 0
+    names = {s.name for fam in reg.collect() for s in fam.samples}
+    assert not any("_nvlink_link_" in n for n in names)
+
+
+def test_per_link_nvlink_series_are_opt_in() -> None:
+    reg = registry_for(state(), per_link_nvlink=True)
+    get = reg.get_sample_value
+    assert get("slurmhealth_gpu_nvlink_link_up", gpu_labels(2, link="7")) == 0
+    assert get("slurmhealth_gpu_nvlink_link_up", gpu_labels(2, link="6")) == 1
+    errs = "slurmhealth_gpu_nvlink_link_errors_total"
     assert get(errs, gpu_labels(0, link="5", counter="replay")) == 5
     assert get(errs, gpu_labels(0, link="5", counter="crc_flit")) == 10
-    assert get(errs, gpu_labels(0, link="5", counter="recovery")) == 0
-    assert get(errs, gpu_labels(0, link="5", counter="crc_data")) == 0
-    ups = [s for fam in reg.collect() for s in fam.samples if s.name.endswith("_nvlink_up")]
+    ups = [s for fam in reg.collect() for s in fam.samples if s.name.endswith("_link_up")]
     assert len(ups) == 8 * 18
     assert sum(s.value == 0 for s in ups) == 1
+    assert get("slurmhealth_gpu_nvlink_links_down", gpu_labels(2)) == 1  # the sums stay
+
+
+def series_per_gpu(reg: CollectorRegistry, gpus: int = 8) -> float:
+    return sum(len(fam.samples) for fam in reg.collect()) / gpus
+
+
+def test_cardinality_budget_default_mode_at_most_40_series_per_gpu() -> None:
+    task = TaskStats(1000, 0.42, 1024.0, 4.2e6, 0.41, 0.12, 0.01, 1_700_000_000.5)
+    default = series_per_gpu(registry_for(state(task=task)))
+    per_link = series_per_gpu(registry_for(state(task=task), per_link_nvlink=True))
+    assert default <= 40, default
+    assert per_link >= default + 18 * 5  # up + 4 counters per link, 18 links per GPU
+    text = render(registry_for(state(task=task)))
+    assert len(text) / 8 < 8_000  # bytes per GPU and scrape, HELP/TYPE lines included
+    # 8 single-GPU jobs, each reporting task metrics: the job-level series add up
+    snap = state().snapshot
+    assert snap is not None
+    eight = CollectorRegistry()
+    for g in snap.gpus:
+        one = state(labels=dataclasses.replace(LABELS, job_id=f"9{g.index}"), task=task,
+                    snapshot=dataclasses.replace(snap, gpus=(g,)))  # fmt: skip
+        eight.register(SidecarCollector(lambda one=one: one))  # type: ignore[misc]
+    assert series_per_gpu(eight) <= 40
+
+
+def test_dcgm_mode_exports_no_gpu_counters_of_its_own() -> None:
+    reg = registry_for(state(task=TaskStats(steps_total=3)), mode="dcgm")
+    names = {s.name for fam in reg.collect() for s in fam.samples}
+    assert names == {
+        "slurmhealth_gpu_up", "slurmhealth_gpu_xid_errors_total",
+        "slurmhealth_events_total", "slurmhealth_sidecar_samples_total", "slurmhealth_job_info",
+        "slurmhealth_job_steps_total",
+    }  # fmt: skip
+    assert reg.get_sample_value("slurmhealth_gpu_up", gpu_labels(1, status="ok")) == 1
+    with pytest.raises(ValueError, match="mode"):
+        SidecarCollector(state, mode="dcgm-exporter")
 
 
 def test_clock_event_reasons_from_the_bitmask(reg: CollectorRegistry) -> None:
+    """Only reasons that hold clocks down have a series (value 1): 8 per GPU otherwise."""
     active = "slurmhealth_gpu_clock_event_active"
-    expected = {"hw_thermal": 1, "sw_power_cap": 1, "hw_slowdown": 0, "sw_thermal": 0,
-                "hw_power_brake": 0, "gpu_idle": 0}  # fmt: skip
-    for reason, value in expected.items():
-        assert reg.get_sample_value(active, gpu_labels(3, reason=reason)) == value, reason
-        assert reg.get_sample_value(active, gpu_labels(0, reason=reason)) == 0, reason
+    reasons = ("hw_thermal", "sw_power_cap", "hw_slowdown", "sw_thermal", "hw_power_brake",
+               "gpu_idle")  # fmt: skip
+    got = {r: reg.get_sample_value(active, gpu_labels(3, reason=r)) for r in reasons}
+    assert got == {r: 1.0 if r in ("hw_thermal", "sw_power_cap") else None for r in reasons}
+    assert all(reg.get_sample_value(active, gpu_labels(0, reason=r)) is None for r in reasons)
     bits = {"hw_slowdown": 0x8, "sw_thermal": 0x20, "hw_power_brake": 0x80, "gpu_idle": 0x1}
     for reason, bit in bits.items():
         one = registry_for(
             state(snapshot=NodeSnapshot("gpu-a01", 0.0, (h100(0, clock_event_reasons=bit),)))
         )
-        values = {r: one.get_sample_value(active, gpu_labels(0, reason=r)) for r in expected}
-        assert values == {r: float(r == reason) for r in expected}
+        values = {r: one.get_sample_value(active, gpu_labels(0, reason=r)) for r in reasons}
+        assert values == {r: 1.0 if r == reason else None for r in reasons}
 
 
 def test_xid_counter_per_gpu_and_code(reg: CollectorRegistry) -> None:
@@ -241,13 +297,13 @@ def test_events_drains_samples(reg: CollectorRegistry) -> None:
     get = reg.get_sample_value
     assert get("slurmhealth_events_total", job_labels(kind="hang", gpu="")) == 1
     assert get("slurmhealth_events_total", job_labels(kind="nvlink_down", gpu="2")) == 1
-    assert get("slurmhealth_node_drains_suppressed_total", job_labels()) == 2
     assert get("slurmhealth_sidecar_samples_total", job_labels()) == 120
-    assert get("slurmhealth_sidecar_start_time_seconds", job_labels()) == 1_699_999_000.0
 
 
 def test_job_info(reg: CollectorRegistry) -> None:
-    info = reg.get_sample_value("slurmhealth_job_info", job_labels(gpus="0,1,2,3,4,5,6,7"))
+    facts = {"account": "ml", "partition": "gpu", "qos": "normal", "job_name": "",
+             "gpu_model": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    info = reg.get_sample_value("slurmhealth_job_info", job_labels(gpus="0,1,2,3,4,5,6,7", **facts))
     assert info == 1
 
 
@@ -309,7 +365,6 @@ def test_without_snapshot_only_job_series() -> None:
     samples = [s for fam in registry.collect() for s in fam.samples]
     assert {s.name for s in samples} == {
         "slurmhealth_job_info",
-        "slurmhealth_node_drains_suppressed_total",
         "slurmhealth_sidecar_samples_total",
     }
     info = next(s for s in samples if s.name == "slurmhealth_job_info")

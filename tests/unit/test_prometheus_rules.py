@@ -1,21 +1,38 @@
-"""deploy/prometheus and deploy/grafana: promtool checks, and a real Prometheus that scrapes
-the collector, evaluates the alert rules and parses every dashboard query."""
+"""deploy/prometheus, deploy/alertmanager and deploy/grafana: promtool and amtool checks, a
+real Alertmanager applying the inhibit rules, and a real Prometheus that scrapes a node's
+endpoint (job and node series), evaluates the alert rules and runs every dashboard query,
+including the dcgm-exporter joins against a recorded dcgm-exporter exposition."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+import subprocess
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from slurmhealth.metrics import SidecarCollector, serve
+from slurmhealth.exposition import serve
+from slurmhealth.history.node_queries import DrainInForce, LastCheck
+from slurmhealth.metrics import SidecarCollector
 from slurmhealth.model import TaskStats
-from tests.prometheus_util import promtool, query, start_prometheus
+from slurmhealth.node_metrics import NodeFacts, node_families
+from tests.prometheus_util import (
+    answers,
+    free_port,
+    promtool,
+    query,
+    require_tool,
+    start_prometheus,
+)
 from tests.unit.test_metrics import state
 
 pytestmark = pytest.mark.prometheus
@@ -23,12 +40,16 @@ pytestmark = pytest.mark.prometheus
 REPO = Path(__file__).resolve().parents[2]
 PROM_DIR = REPO / "deploy" / "prometheus"
 GRAFANA_DIR = REPO / "deploy" / "grafana"
+ALERTMANAGER = REPO / "deploy" / "alertmanager" / "alertmanager.yml"
 RULES = PROM_DIR / "slurmhealth.rules.yml"
+DCGM_FIXTURE = REPO / "tests" / "fixtures" / "dcgm-exporter" / "metrics.prom"
 
 DASHBOARDS = {
     "cluster-overview.json": ("slurmhealth / Cluster overview", {"datasource"}),
     "node-detail.json": ("slurmhealth / Node detail", {"datasource", "node"}),
     "job-detail.json": ("slurmhealth / Job detail", {"datasource", "job_id", "user"}),
+    "fleet.json": ("slurmhealth / Fleet", {"datasource"}),
+    "dcgm-jobs.json": ("slurmhealth / Jobs on dcgm-exporter", {"datasource", "job_id", "user"}),
 }
 # what Grafana puts in place of its variables, for sending the queries to Prometheus
 VALUES = {
@@ -39,13 +60,19 @@ VALUES = {
     "job_id": "4242",
     "user": "alice",
 }
-VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
-ALERTS = {
+# Grafana's variables; `$1` (a label_replace group) is not one
+VARIABLE = re.compile(r"\$\{([A-Za-z_]\w*)(?::\w+)?\}|\[\[([A-Za-z_]\w*)\]\]|\$([A-Za-z_]\w*)")
+JOB_ALERTS = {
     "SlurmhealthGpuLost", "SlurmhealthXid", "SlurmhealthNvlinkDown",
     "SlurmhealthEccUncorrectable", "SlurmhealthGpuHot", "SlurmhealthThrottling",
     "SlurmhealthJobHang", "SlurmhealthThroughputDrop", "SlurmhealthStraggler",
-    "SlurmhealthDrainCircuitBreaker", "SlurmhealthSidecarDown",
 }  # fmt: skip
+NODE_ALERTS = {
+    "SlurmhealthFailOpen", "SlurmhealthConfigInvalid", "SlurmhealthNodeDrainedLong",
+    "SlurmhealthChecksStopped", "SlurmhealthExporterDown", "SlurmhealthTextfileStale",
+    "SlurmhealthSidecarDead", "SlurmhealthHistoryUnreadable", "SlurmhealthDrainCircuitBreaker",
+}  # fmt: skip
+ALERTS = JOB_ALERTS | NODE_ALERTS
 
 
 def substitute(expr: str) -> str:
@@ -97,15 +124,41 @@ def all_queries() -> list[tuple[str, str]]:
     return [(name, expr) for name in DASHBOARDS for expr in dashboard_queries(name)]
 
 
+FULL = state(task=TaskStats(1, 0.4, 1.0, 1.0, 0.4, 0.1, 0.01, 1.0))
+FACTS = NodeFacts(
+    "gpu-a01",
+    last_checks=[LastCheck("prolog", "ok", 1.7e9), LastCheck("healthcheck", "warn", 1.7e9)],
+    runs={("prolog", "ok"): 5, ("epilog", "fail"): 1},
+    drains={"drained": 1, "suppressed": 1},
+    drain=DrainInForce(1.7e9, "slurmhealth: nvlink gpu2 link 7 inactive"),
+    sidecars={"running": 1},
+)
+FACTS.fail_opens[("prolog", "config")] = 3
+
+
+class Node:
+    """What one node's endpoint serves: a job's series and the node's own."""
+
+    def __init__(self, per_link: bool = False) -> None:
+        self.job = SidecarCollector(lambda: FULL, per_link_nvlink=per_link)
+
+    def collect(self) -> Iterator[Any]:
+        yield from node_families(FACTS)
+        yield from self.job.collect()
+
+
 def exported_names() -> set[str]:
     registry = CollectorRegistry()
-    full = state(task=TaskStats(1, 0.4, 1.0, 1.0, 0.4, 0.1, 0.01, 1.0))
-    registry.register(SidecarCollector(lambda: full))
+    registry.register(Node(per_link=True))  # type: ignore[arg-type]
     return {s.name for fam in registry.collect() for s in fam.samples}
 
 
 def metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\bslurmhealth_\w+", expr))
+
+
+def dcgm_names() -> set[str]:
+    return set(re.findall(r"^(DCGM_FI_\w+)\{", DCGM_FIXTURE.read_text(), re.M))
 
 
 # ---------------------------------------------------------------------- promtool
@@ -127,29 +180,95 @@ def test_promtool_check_config() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_every_alert_has_severity_annotations_and_a_unit_test() -> None:
-    rules = RULES.read_text()
+def test_amtool_accepts_the_alertmanager_config_with_its_inhibit_rules() -> None:
+    tool = require_tool("/usr/bin/amtool")
+    done = subprocess.run([tool, "check-config", str(ALERTMANAGER)], capture_output=True,
+                          text=True, timeout=60, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS" in done.stdout and "7 inhibit rules" in done.stdout
+
+
+def alert_blocks() -> dict[str, list[str]]:
+    blocks: dict[str, list[str]] = {}
+    for block in re.split(r"\n\s*- alert: ", RULES.read_text())[1:]:
+        blocks.setdefault(block.split("\n", 1)[0].strip(), []).append(block)
+    return blocks
+
+
+def test_every_alert_has_severity_annotations_a_next_step_and_a_unit_test() -> None:
     tests = (PROM_DIR / "slurmhealth.rules.test.yml").read_text()
-    found = set(re.findall(r"- alert: (\w+)", rules))
-    assert found == ALERTS
-    for alert in ALERTS:
+    blocks = alert_blocks()
+    assert set(blocks) == ALERTS
+    for alert, found in blocks.items():
         assert f"alertname: {alert}\n" in tests, f"{alert} has no promtool test"
-    blocks = re.split(r"\n\s*- alert: ", rules)[1:]
-    for block in blocks:
-        assert re.search(r"\n\s+for: \d+[smh]", block), block
-        assert re.search(r"severity: (critical|warning)\n", block), block
-        assert "summary:" in block and "description:" in block, block
-        described = block.split("description:", 1)[1]
-        for label in ("node", "job_id", "user"):
-            assert f"$labels.{label}" in described, (label, block)
+        for block in found:
+            assert re.search(r"\n\s+for: \d+[smh]", block), block
+            assert re.search(r"severity: (critical|warning)\n", block), block
+            for key in ("summary:", "description:", "next_step:"):
+                assert key in block, (key, block)
+            step = block.split("next_step:", 1)[1]
+            if alert in JOB_ALERTS:  # a job is involved: its report is the next step
+                assert "slurmhealth report {{ $labels.job_id }}" in step, block
+                described = block.split("description:", 1)[1]
+                assert "$labels.job_id" in described and "$labels.user" in described
+            assert "$labels.node" in block or "$labels.instance" in block, block
+            # slurmhealth drains by itself: no alert asks a human to do it
+            assert not re.search(r"\b[Dd]rain (the|this) node\b", block), block
+
+
+def test_alertmanager_pages_once_for_an_xid_79(tmp_path: Path) -> None:
+    """One Xid 79: the critical Xid, the lost GPU, its links and the job's hang all fire;
+    the real Alertmanager inhibits all but the Xid."""
+    tool = require_tool("/usr/bin/prometheus-alertmanager")
+    port, cluster = free_port(), free_port()
+    proc = subprocess.Popen(
+        [tool, f"--config.file={ALERTMANAGER}", f"--storage.path={tmp_path}",
+         f"--web.listen-address=127.0.0.1:{port}", f"--cluster.listen-address=127.0.0.1:{cluster}",
+         "--log.level=warn"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    base = f"http://127.0.0.1:{port}/api/v2"
+    try:
+        deadline = time.monotonic() + 20
+        while not answers(f"{base}/status"):
+            assert time.monotonic() < deadline and proc.poll() is None, "alertmanager"
+            time.sleep(0.1)
+        gpu = {"node": "gpu-a01", "gpu": "1", "uuid": "GPU-1111", "job_id": "4242",
+               "user": "alice"}  # fmt: skip
+        sent = [
+            {**gpu, "alertname": "SlurmhealthXid", "severity": "critical", "xid": "79"},
+            {**gpu, "alertname": "SlurmhealthGpuLost", "severity": "critical", "status": "lost"},
+            {**gpu, "alertname": "SlurmhealthNvlinkDown", "severity": "critical"},
+            {"node": "gpu-a01", "job_id": "4242", "user": "alice", "kind": "hang",
+             "alertname": "SlurmhealthJobHang", "severity": "critical"},
+            {**gpu, "gpu": "5", "alertname": "SlurmhealthGpuHot", "severity": "warning"},
+        ]  # fmt: skip
+        body = json.dumps([{"labels": labels} for labels in sent]).encode()
+        req = urllib.request.Request(f"{base}/alerts", body, {"Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=5).close()
+
+        def active() -> set[str]:
+            with urllib.request.urlopen(f"{base}/alerts?inhibited=false", timeout=5) as resp:
+                return {a["labels"]["alertname"] for a in json.load(resp)}
+
+        deadline = time.monotonic() + 10
+        while active() != {"SlurmhealthXid", "SlurmhealthGpuHot"}:
+            assert time.monotonic() < deadline, active()
+            time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_rules_and_dashboards_use_only_exported_metrics() -> None:
     exported = exported_names()
     used = metric_names(RULES.read_text())
+    dcgm = set()
     for _, expr in all_queries():
         used |= metric_names(expr)
+        dcgm |= set(re.findall(r"\bDCGM_FI_\w+", expr))
     assert used <= exported, used - exported
+    assert dcgm and dcgm <= dcgm_names(), dcgm - dcgm_names()
 
 
 # ---------------------------------------------------------------------- dashboards
@@ -183,12 +302,14 @@ def test_dashboard_contents() -> None:
     assert {"heatmap", "table"} <= types
     for needle in ("avg by (node) (slurmhealth_gpu_utilization_ratio)",
                    "slurmhealth_gpu_thermal_margin_celsius < 5", "slurmhealth_events_total",
-                   "slurmhealth_job_info", "slurmhealth_node_drains_suppressed_total"):  # fmt: skip
+                   "slurmhealth_job_info", 'slurmhealth_node_drains_total{state="suppressed"}',
+                   "group_left (account) max by (job_id, node, account)"):  # fmt: skip
         assert needle in overview
     node = " ".join(dashboard_queries("node-detail.json"))
-    for metric in ("utilization_ratio", "memory_used_bytes", "temperature_celsius",
-                   "power_watts", "nvlink_errors_total", "nvlink_up"):  # fmt: skip
-        assert f'slurmhealth_gpu_{metric}{{node="$node"}}' in node
+    for metric in ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius",
+                   "gpu_power_watts", "gpu_nvlink_errors_total", "gpu_nvlink_links_down",
+                   "node_health_state", "fail_opens_total", "hook_runs_total"):  # fmt: skip
+        assert f'slurmhealth_{metric}{{node="$node"}}' in node
     job = load("job-detail.json")
     queries = " ".join(dashboard_queries("job-detail.json"))
     for metric in ("gpu_utilization_ratio", "gpu_power_watts", "job_step_seconds",
@@ -197,35 +318,85 @@ def test_dashboard_contents() -> None:
     annotation = [a for a in job["annotations"]["list"] if "expr" in a]
     assert len(annotation) == 1
     assert 'changes(slurmhealth_events_total{job_id="$job_id"}[1m]) > 0' in annotation[0]["expr"]
+    fleet = " ".join(dashboard_queries("fleet.json"))
+    for needle in ("sum by (state) (slurmhealth_node_health_state)",
+                   "sum by (check) (slurmhealth_node_drained == 1)",
+                   "slurmhealth_fail_opens_total",
+                   "topk(20, sum by (node, gpu, uuid)"):  # fmt: skip
+        assert needle in fleet
 
 
 # ---------------------------------------------------------------------- a real Prometheus
 
 
+def _static_server(body: bytes) -> ThreadingHTTPServer:
+    """A recorded exposition served on loopback, as its exporter would."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def dcgm_mode_jobs() -> CollectorRegistry:
+    """slurmhealth in metrics.mode = "dcgm" on two nodes: job 4242 on gpu-a01 GPUs 0-3 and
+    gpu-a02 GPUs 0-7, job 4243 on gpu-a01 GPUs 4-7 (as the fixture's hpc_job labels say)."""
+    snap = FULL.snapshot
+    assert snap is not None
+    registry = CollectorRegistry()
+    for job, node, gpus in (("4242", "gpu-a01", range(4)), ("4242", "gpu-a02", range(8)),
+                            ("4243", "gpu-a01", range(4, 8))):  # fmt: skip
+        labels = dataclasses.replace(FULL.labels, job_id=job, node=node)
+        picked = tuple(g for g in snap.gpus if g.index in gpus)
+        st = dataclasses.replace(
+            FULL, labels=labels, snapshot=dataclasses.replace(snap, node=node, gpus=picked)
+        )
+        registry.register(SidecarCollector(lambda st=st: st, mode="dcgm"))  # type: ignore[misc]
+    return registry
+
+
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Prometheus running deploy/prometheus.yml (1 s intervals) against one live sidecar."""
+    """Prometheus running deploy/prometheus.yml (1 s intervals) against one node's endpoint,
+    plus a recorded dcgm-exporter and slurmhealth in dcgm mode for the dcgm dashboard."""
     tmp = tmp_path_factory.mktemp("prometheus")
-    exporter = serve(state, "127.0.0.1", [0])  # the sidecar's own /metrics server
-    port = exporter.server_address[1]
-    sd = tmp / "file_sd"
-    sd.mkdir()
-    target = {"targets": [f"127.0.0.1:{port}"],
-              "labels": {"job_id": "4242", "user": "alice", "node": "gpu-a01"}}  # fmt: skip
-    (sd / "4242-gpu-a01.json").write_text(json.dumps([target]))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Node())  # type: ignore[arg-type]
+    endpoint = serve(registry, "127.0.0.1", [0])  # the node's one target
+    dcgm = _static_server(DCGM_FIXTURE.read_bytes())
+    dcgm_jobs = serve(dcgm_mode_jobs(), "127.0.0.1", [0])
     config = (PROM_DIR / "prometheus.yml").read_text()
-    for old, new in (("/run/slurmhealth/file_sd/*.json", f"{sd}/*.json"), ("10s", "1s"),
-                     ("scrape_timeout: 5s", "scrape_timeout: 1s"),
+    extra = f"""
+  - job_name: dcgm
+    scrape_interval: 1s
+    scrape_timeout: 1s
+    honor_labels: true
+    static_configs:
+      - targets: ["127.0.0.1:{dcgm.server_address[1]}", "127.0.0.1:{dcgm_jobs.server_address[1]}"]
+"""
+    target = '"gpu-a01:9450", "gpu-a02:9450", "gpu-a03:9450"'
+    for old, new in ((target, f'"127.0.0.1:{endpoint.server_address[1]}"'), ("15s", "1s"),
+                     ("scrape_timeout: 10s", "scrape_timeout: 1s"),
                      ("- slurmhealth.rules.yml", f"- {RULES}")):  # fmt: skip
         assert old in config, old
         config = config.replace(old, new)
-    base_url, stop = start_prometheus(tmp, config)
+    base_url, stop = start_prometheus(tmp, config + extra)
     try:
         yield base_url
     finally:
         stop()
-        exporter.shutdown()
-        exporter.server_close()
+        for server in (endpoint, dcgm, dcgm_jobs):
+            server.shutdown()
+            server.server_close()
 
 
 def wait_for(base_url: str, expr: str, count: int, timeout: float = 20.0) -> list[Any]:
@@ -245,30 +416,57 @@ def test_dashboard_query_is_valid_promql(prometheus: str, dashboard: str, expr: 
     assert answer["status"] == "success", (dashboard, expr, answer)
 
 
-def test_prometheus_scrapes_the_collector_with_job_labels(prometheus: str) -> None:
+def test_prometheus_scrapes_one_target_per_node(prometheus: str) -> None:
     up = wait_for(prometheus, 'up{job="slurmhealth"} == 1', 1)
-    assert [s["metric"]["job_id"] for s in up] == ["4242"]
-    gpus = wait_for(prometheus, "slurmhealth_gpu_up", 8)
+    assert [s["metric"]["node"] for s in up] == ["127.0.0.1"]  # from the target's address
+    gpus = wait_for(prometheus, 'slurmhealth_gpu_up{job="slurmhealth"}', 8)
     assert len(gpus) == 8
     labels = gpus[0]["metric"]
     assert labels["job_id"] == "4242" and labels["user"] == "alice"
-    assert labels["node"] == "gpu-a01" and labels["job"] == "slurmhealth"
-    assert not any(k.startswith("exported_") for k in labels)  # honor_labels
+    assert labels["node"] == "gpu-a01" and labels["job"] == "slurmhealth"  # honor_labels
+    assert not any(k.startswith("exported_") for k in labels)
+    assert "account" not in labels
     heat = wait_for(prometheus, "avg by (node) (slurmhealth_gpu_utilization_ratio)", 1)
     assert float(heat[0]["value"][1]) == pytest.approx(0.87)
+    by_account = wait_for(prometheus, substitute(dashboard_queries("cluster-overview.json")[-1]), 1)
+    assert [r["metric"]["account"] for r in by_account] == ["ml"]  # joined from job_info
+    state = wait_for(prometheus, "slurmhealth_node_health_state == 1", 1)
+    assert [s["metric"]["state"] for s in state] == ["drained"]
+
+
+def test_dcgm_dashboard_joins_dcgm_exporter_and_slurmhealth_on_hpc_job(prometheus: str) -> None:
+    panel = next(p for p in load("dcgm-jobs.json")["panels"] if "utilisation" in p["title"])
+    expr = substitute(panel["targets"][0]["expr"])  # job_id = 4242
+    result = wait_for(prometheus, expr, 12)
+    gpus = sorted((r["metric"]["Hostname"], int(r["metric"]["gpu"])) for r in result)
+    assert gpus == [("gpu-a01", i) for i in range(4)] + [("gpu-a02", i) for i in range(8)]
+    assert {r["metric"]["user"] for r in result} == {"alice"}  # slurmhealth's job facts
+    assert {r["metric"]["account"] for r in result} == {"ml"}
+    util = {(r["metric"]["Hostname"], r["metric"]["gpu"]): float(r["value"][1]) for r in result}
+    assert util[("gpu-a01", "3")] == pytest.approx(0.93) and util[("gpu-a02", "0")] == 0.8
+    idle = wait_for(prometheus, 'DCGM_FI_DEV_GPU_UTIL{Hostname="gpu-a03"}', 8)
+    assert len(idle) == 8  # GPUs without a job stay out of the job's view
+    own = query(prometheus, 'slurmhealth_gpu_utilization_ratio{job="dcgm"}')
+    assert own["data"]["result"] == []  # dcgm mode: no GPU counters of slurmhealth's own
 
 
 def test_rules_fire_on_live_data(prometheus: str) -> None:
-    # "for: 0s" alerts on first-seen counters: Xid 79 and 13, the hang event
-    xids = wait_for(prometheus, 'ALERTS{alertname="SlurmhealthXid",alertstate="firing"}', 2)
+    # "for: 0s" alerts on first-seen counters: Xid 79 and 13, the hang event, the fail-opens
+    xids = wait_for(
+        prometheus, 'ALERTS{alertname="SlurmhealthXid",alertstate="firing",job="slurmhealth"}', 2
+    )
     assert {(a["metric"]["xid"], a["metric"]["severity"]) for a in xids} == {
         ("79", "critical"),
         ("13", "warning"),
     }
     hang = wait_for(prometheus, 'ALERTS{alertname="SlurmhealthJobHang"}', 1)
     assert hang[0]["metric"]["alertstate"] == "firing"
+    fail = wait_for(prometheus, 'ALERTS{alertname="SlurmhealthFailOpen"}', 1)
+    assert [(a["metric"]["cause"], a["metric"]["alertstate"]) for a in fail] == [
+        ("config", "firing")
+    ]
     down = wait_for(prometheus, 'ALERTS{alertname="SlurmhealthNvlinkDown"}', 1)
-    assert [(a["metric"]["gpu"], a["metric"]["link"]) for a in down] == [("2", "7")]
+    assert [a["metric"]["gpu"] for a in down] == ["2"]
     assert down[0]["metric"]["alertstate"] == "pending"  # for: 1m
-    quiet = query(prometheus, 'ALERTS{alertname=~"SlurmhealthGpuLost|SlurmhealthSidecarDown"}')
+    quiet = query(prometheus, 'ALERTS{alertname=~"SlurmhealthGpuLost|SlurmhealthExporterDown"}')
     assert quiet["data"]["result"] == []

@@ -24,6 +24,7 @@ from slurmhealth.sidecar import run as sidecar_run
 from slurmhealth.sidecar.lifecycle import stop_sidecar
 from slurmhealth.sidecar.run import Sidecar
 from slurmhealth.sidecar.state import JobLabels
+from tests.support.sim_config import sidecar_config, sidecar_env
 
 HEALTHY = """
 name = "healthy"
@@ -35,38 +36,11 @@ DEADLINE_S = 120.0
 
 
 def _config(tmp: Path, stop_grace_s: float = 2.0) -> Path:
-    (tmp / "scenario.toml").write_text(HEALTHY)
-    path = tmp / "config.toml"
-    path.write_text(
-        f"""
-[gpu]
-backend = "sim"
-sim_scenario = "{tmp}/scenario.toml"
-sim_kernel_log = "{tmp}/kmsg"
-[paths]
-db = "{tmp}/db/history.db"
-run_dir = "{tmp}/run"
-[sidecar]
-interval_s = 1.0
-flush_every = 10000
-bind = "127.0.0.1"
-port_min = 39550
-port_max = 39599
-job_check_interval_s = 100000
-file_sd_dir = ""
-stop_grace_s = {stop_grace_s}
-"""
-    )
-    return path
+    return sidecar_config(tmp, HEALTHY, flush_every=10000, stop_grace_s=stop_grace_s)
 
 
 def _start(tmp: Path, job: str) -> subprocess.Popen[bytes]:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "SLURMHEALTH"))},
-        "SLURMHEALTH_CONFIG": str(_config(tmp)),
-        "SLURMD_NODENAME": "node1",
-        "SLURM_JOB_ID": job,
-    }
+    env = sidecar_env(_config(tmp), SLURM_JOB_ID=job)
     with open(tmp / "stderr", "wb") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job, "--gpus", "0-7"],

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from tests.support.sim_config import sidecar_config, sidecar_env
 
 T = TypeVar("T")
 DEADLINE_S = 90.0  # for anything the sidecar must do: generous, only a hung sidecar hits it
@@ -57,37 +57,14 @@ utilization_gpu = 0
 
 
 def _start(tmp: Path, scenario: str, job: str, hang_after: float) -> subprocess.Popen[bytes]:
-    (tmp / "scenario.toml").write_text(scenario)
-    (tmp / "config.toml").write_text(
-        f"""
-[gpu]
-backend = "sim"
-sim_scenario = "{tmp}/scenario.toml"
-sim_kernel_log = "{tmp}/kmsg"
-[paths]
-db = "{tmp}/history.db"
-run_dir = "{tmp}/run"
-[sidecar]
-interval_s = 1.0
-bind = "127.0.0.1"
-port_min = 39450
-port_max = 39499
-job_check_interval_s = 100000
-dcgm_job_mapping_dir = "{tmp}/dcgm-job-mapping"
-file_sd_dir = "{tmp}/file_sd"
-throttle_sustain_s = 2.0
-straggler_window_s = 3.0
-hang_after_s = {hang_after}
-# the test's loop writes its steps in bursts, each once the sidecar read the one before:
-# on a loaded machine the gaps between bursts are long, and no stall is meant
-stall_factor = 1000.0
-"""
-    )
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "SLURMHEALTH"))},
-        "SLURMHEALTH_CONFIG": str(tmp / "config.toml"),
-        "SLURMD_NODENAME": "node1",
-    }
+    # the test's loop writes its steps in bursts, each once the sidecar read the one before:
+    # on a loaded machine the gaps between bursts are long, and no stall is meant
+    config = sidecar_config(
+        tmp, scenario, db="history.db", dcgm_job_mapping_dir=f'"{tmp}/dcgm-job-mapping"',
+        throttle_sustain_s=2.0, straggler_window_s=3.0, hang_after_s=hang_after,
+        stall_factor=1000.0,
+    )  # fmt: skip
+    env = sidecar_env(config)
     return subprocess.Popen(
         [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job, "--gpus", "0-7"],
         env=env,
@@ -141,15 +118,14 @@ def _epoch(tmp: Path) -> float | None:
 
 
 def _steps_seen(tmp: Path, job: str) -> int | None:
-    """The training steps the sidecar has read, from its /metrics."""
+    """The training steps the sidecar has read, from the series it publishes for the
+    node's exporter (``run/export/job-<id>.json``)."""
     try:
-        port = int((tmp / "run" / f"sidecar-{job}.port").read_text())
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-            text = r.read().decode()
+        doc = json.loads((tmp / "run" / "export" / f"job-{job}.json").read_text())
     except (OSError, ValueError):
         return None
-    values = [line.rsplit(" ", 1)[1] for line in text.splitlines()
-              if line.startswith("slurmhealth_job_steps")]  # fmt: skip
+    values = [value for fam in doc["families"] if fam["name"] == "slurmhealth_job_steps"
+              for name, _labels, value in fam["samples"] if name.endswith("_total")]  # fmt: skip
     return int(float(values[0])) if values else None
 
 
@@ -242,15 +218,26 @@ def _samples_after(tmp: Path, ts: float) -> int:
 def test_all_gpus_idle_is_a_hang(tmp_path: Path) -> None:
     proc = _start(tmp_path, ALL_IDLE, "502", hang_after=3)
     mapping = tmp_path / "dcgm-job-mapping"
+    export = tmp_path / "run" / "export"
     try:
         # dcgm-exporter's HPC job mapping: one file per GPU index holding the job id
         names = [str(i) for i in range(8)]
         _wait("the job mapping", lambda: True if _mapped(mapping) == names else None)
         assert {p.read_text().strip() for p in mapping.iterdir()} == {"502"}
+        # the job's series, published for the node's exporter (root-only directory)
+        state_file = export / "job-502.json"
+        _wait("the published series", lambda: True if state_file.exists() else None)
+        assert [p.name for p in export.iterdir()] == ["job-502.json"]
+        assert export.stat().st_mode & 0o027 == 0
+        state = json.loads(state_file.read_text())
+        assert state["pid"] == proc.pid
+        names = {f["name"] for f in state["families"] if f["samples"]}
+        assert {"slurmhealth_gpu_utilization_ratio", "slurmhealth_job_info"} <= names
         _wait("the hang", lambda: _events(tmp_path) or None)
     finally:
         _stop(proc)
     assert list(mapping.iterdir()) == []  # removed when the sidecar stops
+    assert list(export.iterdir()) == []
     events = _events(tmp_path)
     assert [(e["kind"], e["gpu"], e["severity"]) for e in events] == [("hang", None, "critical")]
     assert float(events[0]["ts"]) == _sample_times(tmp_path)[0] + 3.0  # idle 3 s

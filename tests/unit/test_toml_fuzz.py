@@ -114,7 +114,7 @@ def test_config_loader_fuzz(monkeypatch: pytest.MonkeyPatch) -> None:
         outcomes["loaded"] += 1
         effective_items(cfg)  # `config show` copes with whatever loaded
         assert 0 < cfg.policy.drain_max_share <= 1
-        assert 1 <= cfg.sidecar.port_min <= cfg.sidecar.port_max <= 65535
+        assert 0 <= cfg.metrics.port <= 65535
         assert cfg.sidecar.interval_s >= 1
     assert min(outcomes.values()) > N // 20, outcomes  # both ways were exercised
 

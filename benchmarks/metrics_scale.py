@@ -1,0 +1,222 @@
+"""What slurmhealth's series cost Prometheus: series and bytes per node, and Prometheus' own
+memory scraping many nodes, extrapolated to 1,000 nodes.
+
+Usage: python benchmarks/metrics_scale.py [--nodes 50] [--minutes 10] [--scrape 15]
+                                          [--skip-prometheus]
+
+1. Series and bytes of one 8-GPU node's endpoint (the node's own series plus its jobs'),
+   for 1 job on 8 GPUs and 8 jobs on 1 GPU each, in the default mode and with
+   ``metrics.per_link_nvlink``. GPUs come from the simulated healthy 8x H100 scenario
+   through the real NVML adapter; each job reports task metrics.
+2. Debian's Prometheus on loopback scraping ``--nodes`` simulated node endpoints (default
+   mode, 1 job on 8 GPUs, values changing every scrape) every ``--scrape`` seconds for
+   ``--minutes``; its head series, resident memory and Go heap before and after, and the
+   per-series cost extrapolated to 1,000 nodes. Not part of the test run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from slurmhealth.config import load_config  # noqa: E402
+from slurmhealth.exposition import render, serve  # noqa: E402
+from slurmhealth.gpu import open_backend  # noqa: E402
+from slurmhealth.history.node_queries import LastCheck  # noqa: E402
+from slurmhealth.metrics import SidecarCollector  # noqa: E402
+from slurmhealth.model import ExportState, JobLabels, NodeSnapshot, TaskStats  # noqa: E402
+from slurmhealth.node_metrics import NodeFacts, node_families  # noqa: E402
+
+TASK = TaskStats(12_000, 0.42, 1024.0, 4.2e6, 0.41, 0.12, 0.01, 1.7e9)
+
+
+def h100_snapshot(node: str) -> NodeSnapshot:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"SLURMHEALTH_CONFIG": os.devnull, "SLURMHEALTH_GPU_BACKEND": "sim",
+               "SLURMHEALTH_SIM_SCENARIO": str(REPO / "scenarios" / "healthy.toml"),
+               "SLURMHEALTH_SIM_KERNEL_LOG": f"{tmp}/kmsg", "SLURMD_NODENAME": node}  # fmt: skip
+        backend = open_backend(load_config(os.devnull, env=env))
+        try:
+            return backend.snapshot(tuple(range(8)))
+        finally:
+            backend.close()
+
+
+class NodeEndpoint:
+    """One node's exposition: its own series and its jobs' (``layout``: GPUs per job)."""
+
+    def __init__(self, node: str, snap: NodeSnapshot, layout: list[int], per_link: bool,
+                 jitter: bool = False) -> None:  # fmt: skip
+        self.node, self.jitter = node, jitter
+        self.facts = NodeFacts(node, last_checks=[LastCheck("prolog", "ok", 1.7e9),
+                                                  LastCheck("epilog", "ok", 1.7e9)],
+                               runs={("prolog", "ok"): 120, ("epilog", "ok"): 119},
+                               sidecars={"running": len(layout)})  # fmt: skip
+        self.jobs: list[SidecarCollector] = []
+        first = 0
+        for n, count in enumerate(layout):
+            labels = JobLabels(f"{abs(hash(node)) % 10**6}{n:02d}", f"user{n}", "acct", "gpu",
+                               "normal", "4294901", node)  # fmt: skip
+            gpus = snap.gpus[first : first + count]
+            first += count
+            state = ExportState(labels, dataclasses.replace(snap, node=node, gpus=gpus),
+                                event_counts={("straggler", 0): 1}, task=TASK,
+                                samples_total=100, started_ts=1.7e9)  # fmt: skip
+            self.jobs.append(SidecarCollector(self._state(state), per_link_nvlink=per_link))
+
+    def _state(self, state: ExportState) -> Callable[[], ExportState]:
+        def get() -> ExportState:
+            if not self.jitter or state.snapshot is None:
+                return state
+            gpus = tuple(dataclasses.replace(g, utilization_gpu_pct=random.randint(60, 100),
+                                             power_w=random.uniform(400, 700),
+                                             temperature_c=random.randint(40, 80))
+                         for g in state.snapshot.gpus)  # fmt: skip
+            snap = dataclasses.replace(state.snapshot, gpus=gpus)
+            return dataclasses.replace(state, snapshot=snap, samples_total=int(time.time()))
+
+        return get
+
+    def collect(self) -> Iterator[Metric]:
+        yield from node_families(self.facts)
+        for job in self.jobs:
+            yield from job.collect()
+
+    def registry(self) -> CollectorRegistry:
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # type: ignore[arg-type]
+        return registry
+
+
+def per_node_figures(snap: NodeSnapshot) -> list[dict[str, Any]]:
+    rows = []
+    for jobs, layout in ((1, [8]), (8, [1] * 8)):
+        for per_link in (False, True):
+            reg = NodeEndpoint("gpu-a01", snap, layout, per_link).registry()
+            series = sum(len(fam.samples) for fam in reg.collect())
+            body = render(reg)
+            rows.append({"jobs": jobs, "mode": "per-link" if per_link else "default",
+                         "series": series, "series_per_gpu": round(series / 8, 1),
+                         "bytes": len(body), "bytes_per_gpu": len(body) // 8})  # fmt: skip
+    return rows
+
+
+def prom_value(base: str, expr: str) -> float:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        result = json.load(resp)["data"]["result"]
+    return float(result[0]["value"][1]) if result else 0.0
+
+
+def prometheus_memory(
+    snap: NodeSnapshot, nodes: int, minutes: float, scrape: int
+) -> dict[str, Any]:
+    from tests.prometheus_util import start_prometheus
+
+    servers = [serve(NodeEndpoint(f"sim-{i:03d}", snap, [8], False, jitter=True).registry(),
+                     "127.0.0.1", [0]) for i in range(nodes)]  # fmt: skip
+    targets = ", ".join(f'"127.0.0.1:{s.server_address[1]}"' for s in servers)
+    config = f"""
+global:
+  scrape_interval: {scrape}s
+scrape_configs:
+  - job_name: prometheus
+    static_configs:
+      - targets: ["PROM"]
+  - job_name: slurmhealth
+    honor_labels: true
+    static_configs:
+      - targets: [{targets}]
+"""
+    with tempfile.TemporaryDirectory() as tmp:
+        import socket
+
+        with socket.socket() as s:  # Prometheus scrapes itself: find its port first
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        base, stop = _start(Path(tmp), config.replace("PROM", f"127.0.0.1:{port}"), port,
+                            start_prometheus)  # fmt: skip
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < minutes * 60:
+                time.sleep(5)
+            own = '{job="prometheus"}'
+            out = {
+                "nodes": nodes, "minutes": minutes, "scrape_s": scrape,
+                "head_series": prom_value(base, "prometheus_tsdb_head_series"),
+                "rss_bytes": prom_value(base, f"process_resident_memory_bytes{own}"),
+                "heap_inuse_bytes": prom_value(base, f"go_memstats_heap_inuse_bytes{own}"),
+                "samples_per_s": prom_value(
+                    base, "rate(prometheus_tsdb_head_samples_appended_total[2m])"
+                ),
+            }  # fmt: skip
+        finally:
+            stop()
+            for s in servers:
+                s.shutdown()
+                s.server_close()
+    return out
+
+
+def _start(tmp: Path, config: str, port: int, start: Any) -> tuple[str, Callable[[], None]]:
+    """tests.prometheus_util.start_prometheus on a port chosen before (self-scrape)."""
+    import tests.prometheus_util as pu
+
+    pu._free_port = lambda: port  # type: ignore[assignment]
+    base: str
+    base, stop = start(tmp, config, timeout=60)
+    return base, stop
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=50)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--scrape", type=int, default=15)
+    ap.add_argument("--skip-prometheus", action="store_true")
+    args = ap.parse_args()
+    snap = h100_snapshot("gpu-a01")
+    print("one 8x H100 node's endpoint (node series + jobs' series):")
+    for r in per_node_figures(snap):
+        print(f"  {r['jobs']} job(s), {r['mode']:8}: {r['series']:5d} series "
+              f"({r['series_per_gpu']} per GPU), {r['bytes'] / 1024:6.1f} KiB per scrape "
+              f"({r['bytes_per_gpu']} B per GPU)")  # fmt: skip
+    if args.skip_prometheus:
+        return
+    m = prometheus_memory(snap, args.nodes, args.minutes, args.scrape)
+    per_node = m["head_series"] / args.nodes
+    print(f"Prometheus 2.x scraping {args.nodes} simulated nodes every {args.scrape} s for "
+          f"{args.minutes:g} min (default mode, 1 job on 8 GPUs per node):")  # fmt: skip
+    print(f"  head series {m['head_series']:.0f} (~{per_node:.0f} per node incl. Prometheus' own), "
+          f"{m['samples_per_s']:.0f} samples/s")  # fmt: skip
+    rss, heap = m["rss_bytes"] / 2**20, m["heap_inuse_bytes"] / 2**20
+    print(f"  RSS {rss:.0f} MiB, Go heap in use {heap:.0f} MiB")
+    heap_per_series = m["heap_inuse_bytes"] / max(1.0, m["head_series"])
+    rss_per_series = m["rss_bytes"] / max(1.0, m["head_series"])
+    series_1000 = per_node * 1000
+    print(f"  1,000 nodes: ~{series_1000:.0f} head series, ~{series_1000 / args.scrape:.0f} "
+          f"samples/s; at this run's {heap_per_series / 1024:.1f} KiB heap "
+          f"({rss_per_series / 1024:.1f} KiB RSS) per series: ~"
+          f"{series_1000 * heap_per_series / 2**30:.1f} GiB heap, ~"
+          f"{series_1000 * rss_per_series / 2**30:.1f} GiB RSS (upper bounds: Prometheus' "
+          "fixed memory is counted per series here)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
