@@ -40,7 +40,7 @@ from slurmhealth.exposition import render, serve  # noqa: E402
 from slurmhealth.gpu import open_backend  # noqa: E402
 from slurmhealth.history.node_queries import LastCheck  # noqa: E402
 from slurmhealth.metrics import SidecarCollector  # noqa: E402
-from slurmhealth.model import ExportState, JobLabels, NodeSnapshot, TaskStats  # noqa: E402
+from slurmhealth.model import ExportState, Job, NodeSnapshot, TaskStats  # noqa: E402
 from slurmhealth.node_metrics import NodeFacts, node_families  # noqa: E402
 
 TASK = TaskStats(12_000, 0.42, 1024.0, 4.2e6, 0.41, 0.12, 0.01, 1.7e9)
@@ -71,8 +71,9 @@ class NodeEndpoint:
         self.jobs: list[SidecarCollector] = []
         first = 0
         for n, count in enumerate(layout):
-            labels = JobLabels(f"{abs(hash(node)) % 10**6}{n:02d}", f"user{n}", "acct", "gpu",
-                               "normal", "4294901", node)  # fmt: skip
+            job_id = f"{abs(hash(node)) % 10**6}{n:02d}"
+            labels = Job(job_id=job_id, node=node, user=f"user{n}", account="acct",
+                         partition="gpu", qos="normal", priority=4294901)  # fmt: skip
             gpus = snap.gpus[first : first + count]
             first += count
             state = ExportState(labels, dataclasses.replace(snap, node=node, gpus=gpus),

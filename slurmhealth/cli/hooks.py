@@ -67,17 +67,17 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
     """
     import json
 
+    from slurmhealth.model import Job
     from slurmhealth.sidecar.lifecycle import LABELS_ENV
     from slurmhealth.sidecar.run import Sidecar
-    from slurmhealth.sidecar.state import JobLabels
 
     _hook_logging("sidecar")
     flags = {} if interval is None else {"sidecar.interval_s": interval}
     cfg = ctx.config(flags)
     raw = os.environ.get(LABELS_ENV)
-    labels = JobLabels(**json.loads(raw)) if raw else None
+    labels = Job(**json.loads(raw)) if raw else None
     if labels is None or labels.job_id != job_id:
-        labels = JobLabels(
+        labels = Job(
             job_id=job_id,
             user=os.environ.get("SLURM_JOB_USER", os.environ.get("USER", "")),
             account=os.environ.get("SLURM_JOB_ACCOUNT", ""),

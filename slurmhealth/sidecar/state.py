@@ -2,8 +2,7 @@
 
 ``TaskStats`` and ``ExportState`` live in :mod:`slurmhealth.model` (the metrics exposition
 reads them too). The job's labels are its :class:`~slurmhealth.model.Job` (the metrics take
-it directly); ``JobLabels`` is that same type under its old name, kept only for
-``slurmhealth/cli.py``'s import until the CLI moves into its package.
+it directly).
 """
 
 from __future__ import annotations
@@ -12,11 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmhealth.model import ExportState, Job, Severity, TaskStats
+from slurmhealth.model import ExportState, Severity, TaskStats
 
-JobLabels = Job  # the old name (cli.py's import); one job record
-
-__all__ = ["Event", "ExportState", "JobLabels", "TaskStats"]
+__all__ = ["Event", "ExportState", "TaskStats"]
 
 
 @dataclass(frozen=True)

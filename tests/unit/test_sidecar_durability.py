@@ -20,10 +20,10 @@ import pytest
 
 from slurmhealth.config import Config, load_config
 from slurmhealth.history import History
+from slurmhealth.model import Job
 from slurmhealth.sidecar import run as sidecar_run
 from slurmhealth.sidecar.lifecycle import stop_sidecar
 from slurmhealth.sidecar.run import Sidecar
-from slurmhealth.sidecar.state import JobLabels
 from tests.support.sim_config import sidecar_config, sidecar_env
 
 HEALTHY = """
@@ -129,7 +129,7 @@ def keep_signal_handlers() -> Iterator[None]:
 
 def _in_process(tmp: Path, job: str) -> tuple[Config, Sidecar]:
     cfg = load_config(str(_config(tmp)), env={})
-    return cfg, Sidecar(cfg, JobLabels(job_id=job, node="node1"), (0, 1))
+    return cfg, Sidecar(cfg, Job(job_id=job, node="node1"), (0, 1))
 
 
 @pytest.mark.usefixtures("keep_signal_handlers")
