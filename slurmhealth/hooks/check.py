@@ -131,6 +131,7 @@ def run_check(
 
     history = History.for_node(cfg)
     try:
+        history.refuse_newer()  # a rolled-back binary says so instead of spooling every run
         backend = open_backend(cfg)
         try:
             return check_node(
@@ -307,6 +308,7 @@ def check_within(
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     budget.enter("history read")
     bound_db_wait(history, budget.bound(STATE_WAIT_S, DECISION_RESERVE_S))
+    history.refuse_newer()  # SchemaTooNew: the hook fails open, recorded in the spool
     stored, notes = read_state(history)
     budget.enter("gpu snapshot")
     budget.require(DECISION_RESERVE_S)
