@@ -30,6 +30,7 @@ COMMANDS: Mapping[str, str] = {
     "prolog": "hooks:prolog",
     "epilog": "hooks:epilog",
     "sidecar": "hooks:sidecar",
+    "healthcheck": "hooks:healthcheck",
     "report": "report:report",
     "baseline": "baseline:baseline",
     "validate": "baseline:validate",
