@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from slurmhealth.cli import cli, main
 from slurmhealth.history import Batch, History
+from slurmhealth.history.schema import latest_version
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[")
@@ -252,3 +253,19 @@ def test_help_documents_the_exit_codes(sh: Callable[..., Ran]) -> None:
         assert re.search(rf"^\s*{code}\s+{word}", text, re.M), code
     readme = (REPO / "README.md").read_text()
     assert "| 130 | interrupted (Ctrl-C) |" in readme and "| 2 | usage or input error" in readme
+
+
+def test_a_history_of_a_newer_release_is_refused_in_one_line(
+    sh: Callable[..., Ran], tmp_path: Path
+) -> None:
+    """A rolled-back binary: every command that reads or writes the history says so."""
+    _write_history(tmp_path / "history.db")
+    conn = sqlite3.connect(tmp_path / "history.db")
+    conn.execute("PRAGMA user_version = 999")
+    conn.close()
+    burn = str(REPO / "tests" / "fixtures" / "baseline" / "gpuburn_8gpu_slow3.txt")
+    for args in (("check",), ("history",), ("drains",), ("resume", "node1", "--reason", "x"),
+                 ("baseline", "ingest", "gpuburn", burn)):  # fmt: skip
+        _one_line_usage_error(sh(*args), "schema version 999", f"({latest_version()})")
+    assert sqlite3.connect(tmp_path / "history.db").execute(
+        "select count(*) from check_runs").fetchone() == (1,)  # fmt: skip

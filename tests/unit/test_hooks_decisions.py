@@ -362,3 +362,13 @@ def test_prolog_on_a_newer_schema_fails_open_without_draining(
     (run,) = [row for table, row in Batch.from_json(batch).inserts if table == "check_runs"]
     assert run["status"] == "failopen" and "schema version 999" in run["error"]
     assert any(r.levelname == "ERROR" and "999" in r.getMessage() for r in caplog.records)
+
+
+def test_prolog_fails_a_gpu_slurm_allocated_that_nvml_cannot_see(tmp_path: Path) -> None:
+    """Not a usage error as `check --gpus 7` by hand would be: the job was given GPU 7."""
+    cfg = _config(tmp_path, "gpu-missing")  # 7 GPUs enumerate, no expected_count set
+    slurm = RecordingSlurm(_cluster())
+    result = _hook(cfg, tmp_path, slurm)  # SLURM_JOB_GPUS=0,...,7
+    assert (result.exit_code, result.status) == (1, "fail")
+    ((_, reason),) = slurm.drains
+    assert reason.startswith(f"{REASON_PREFIX} gpu_count ") and "GPU(s) 7 not visible" in reason
