@@ -96,6 +96,12 @@ def _set_quiet(ctx: click.Context, _param: click.Parameter, value: bool) -> None
             logging.getLogger().setLevel(logging.ERROR)
 
 
+def _set_json(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    root = ctx.find_object(Ctx)
+    if value and root is not None:
+        root.as_json = True
+
+
 def _global_flags() -> list[click.Option]:
     """Hidden copies of the root's --debug and --quiet for a command's own arguments."""
     return [
@@ -112,6 +118,9 @@ def _with_global_flags(command: click.Command) -> click.Command:
     if getattr(command, "_global_flags", False):
         return command
     command.params.extend(_global_flags())
+    if isinstance(command, click.Group):  # `slurmhealth config --json show`
+        command.params.append(click.Option(["--json"], is_flag=True, hidden=True,
+                                           expose_value=False, callback=_set_json))  # fmt: skip
     if command.callback is not None and not isinstance(command, click.Group):
         command.callback = _quietable(command.callback)
     if isinstance(command, click.Group):
@@ -186,6 +195,9 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.UsageError as exc:  # one line, naming the command, as every other error
+        if type(exc).__name__ == "NoArgsIsHelpError":  # click >= 8.2: a bare group name
+            click.echo(exc.format_message(), err=True)
+            sys.exit(2)
         where = exc.ctx.command_path if exc.ctx is not None else "slurmhealth"
         click.echo(f"{where}: error: {exc.format_message()} (see {where} --help)", err=True)
         sys.exit(2)

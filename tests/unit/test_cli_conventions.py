@@ -269,3 +269,11 @@ def test_a_history_of_a_newer_release_is_refused_in_one_line(
         _one_line_usage_error(sh(*args), "schema version 999", f"({latest_version()})")
     assert sqlite3.connect(tmp_path / "history.db").execute(
         "select count(*) from check_runs").fetchone() == (1,)  # fmt: skip
+
+
+def test_global_flags_between_a_group_and_its_command(sh: Callable[..., Ran]) -> None:
+    ran = sh("config", "--json", "--quiet", "show")
+    assert ran.exit_code == 0 and json.loads(ran.stdout)["schema"] == "slurmhealth.config/1"
+    assert sh("config", "-q", "check").stdout == ""
+    bare = sh("config")  # a group alone: its help, as click does
+    assert bare.exit_code == 2 and "Usage: slurmhealth config" in bare.stderr
