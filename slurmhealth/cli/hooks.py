@@ -13,8 +13,8 @@ import click
 from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
 
 
-def _hook_logging(name: str) -> None:
-    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+def _hook_logging(name: str, node: str | None = None) -> None:
+    node = node or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     who = f"node={node}" if name == "healthcheck" else (
         f"job={os.environ.get('SLURM_JOB_ID', '?')} node={node}"
     )  # fmt: skip
@@ -110,7 +110,9 @@ def healthcheck(ctx: Ctx, as_json: bool) -> None:
     _hook_logging("healthcheck")
     hook_log = logging.getLogger("slurmhealth.hooks")
     try:
-        result = run(ctx.config())
+        cfg = ctx.config()
+        _hook_logging("healthcheck", cfg.node_name)
+        result = run(cfg)
     except Exception as exc:  # fail open, loudly: a broken checker never drains
         hook_log.error("%s: %s; nothing checked, node left as it is", type(exc).__name__, exc,
                        exc_info=ctx.debug)  # fmt: skip
@@ -118,7 +120,8 @@ def healthcheck(ctx: Ctx, as_json: bool) -> None:
     data = result.to_dict()
     drain = result.drain
     summary = data["status"] + (f"; {drain.state}: {drain.reason}" if drain else "")
-    hook_log.info("%s%s", summary, f" ({drain.detail})" if drain and drain.detail else "")
+    hook_log.log(logging.DEBUG if summary == "ok" else logging.INFO, "%s%s", summary,
+                 f" ({drain.detail})" if drain and drain.detail else "")  # fmt: skip
     if as_json:
         render.print_json(data)
     else:
