@@ -6,6 +6,7 @@ Ctrl-C, and bad input refused in one line before anything is recorded."""
 from __future__ import annotations
 
 import json
+import logging
 import re
 import sqlite3
 import sys
@@ -44,6 +45,15 @@ def sh(sim_env: Callable[..., dict[str, str]]) -> Callable[..., Ran]:
     ``main`` in CliRunner's isolation (stdout is not a terminal unless ``color``)."""
 
     def run(*args: str, scenario: str = "healthy", color: bool = False, **env: str) -> Ran:
+        root = logging.getLogger()
+        level, handlers = root.level, list(root.handlers)
+        try:
+            return _main(args, scenario, color, env)
+        finally:  # --quiet and --debug set the process's root logger: not for later tests
+            root.setLevel(level)
+            root.handlers[:] = handlers
+
+    def _main(args: tuple[str, ...], scenario: str, color: bool, env: dict[str, str]) -> Ran:
         runner = CliRunner()
         with runner.isolation(env=sim_env(scenario, **env), color=color) as (out, err, _):
             try:
