@@ -46,3 +46,20 @@ class GpuBackendError(SlurmhealthError):
 
 class StoreError(SlurmhealthError):
     """The history database could not be read."""
+
+
+class SchemaTooNew(StoreError):
+    """The history database was written by a newer slurmhealth (its ``PRAGMA user_version``
+    is above every migration this one knows): refused rather than used. Exit 2."""
+
+    exit_code = 2
+
+    def __init__(self, path: str, found: int, known: int) -> None:
+        self.path = path
+        self.found = found
+        self.known = known
+        super().__init__(
+            f"history {path} has schema version {found}, newer than this slurmhealth knows "
+            f"({known}): a newer release wrote it; upgrade slurmhealth again, or restore the "
+            f"backup {path}.bak-v{known} that release made (README: Upgrade and rollback)"
+        )

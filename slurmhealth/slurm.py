@@ -214,3 +214,41 @@ def open_slurm(backend: str = "cli", timeout_s: float = 5.0) -> SlurmBackend:
         if backend == "pyslurm":
             raise SlurmError(f"slurm.backend = pyslurm, but {reason}")
     return SlurmCli(timeout_s)
+
+
+NO_LOCAL_STEPS = "No job steps exist on this node."
+
+
+def local_job_ids(node: str, timeout_s: float = 5.0) -> list[str] | None:
+    """The jobs with steps on this host's slurmd for ``node`` (``scontrol listpids '*'
+    NODE``: the local slurmd answers from its step sockets, slurmctld is not asked), or
+    None when that cannot be told (scontrol missing, slow, or erring)."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "listpids", "*", node],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_listpids(proc.returncode, proc.stdout, proc.stderr)
+
+
+def parse_listpids(returncode: int, stdout: str, stderr: str) -> list[str] | None:
+    """Job ids in ``scontrol listpids`` output (a ``PID JOBID STEPID LOCALID GLOBALID``
+    header, then a row per process), in order, once each; [] only for the one answer that
+    means no steps (exit 1, "No job steps exist on this node." alone on stderr: an unknown
+    node prints an error before that same line); None for anything else."""
+    said = [line.strip() for line in stderr.splitlines() if line.strip()]
+    if returncode != 0:
+        return [] if said == [NO_LOCAL_STEPS] else None
+    lines = stdout.splitlines()
+    if not lines or lines[0].split()[:2] != ["PID", "JOBID"]:
+        return None
+    jobs = [parts[1] for parts in (line.split() for line in lines[1:]) if len(parts) >= 3]
+    if not jobs or not all(re.fullmatch(r"\d+([_+]\d+)?", j) for j in jobs):
+        return None
+    return list(dict.fromkeys(jobs))

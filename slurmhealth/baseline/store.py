@@ -38,6 +38,7 @@ def ingest(
 
     now = time.time() if ts is None else ts
     with History.for_node(cfg, node) as history:
+        history.refuse_newer()
         return add_baselines(history, kind, result.measurements, ts=now, node=node,
                              gpu_model=gpu_model, label=label, source=source)  # fmt: skip
 

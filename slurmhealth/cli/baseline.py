@@ -32,9 +32,16 @@ def baseline() -> None:
 @click.option("--node", help="Node the result belongs to (default: this node).")
 @click.option("--gpu-model", help="GPU model, e.g. 'NVIDIA H100 80GB HBM3'.")
 @click.option("--label", help="Free label, e.g. 'acceptance' or 'after-rma'.")
+@json_option
 @pass_ctx
 def ingest_cmd(
-    ctx: Ctx, kind: str, file: str, node: str | None, gpu_model: str | None, label: str | None
+    ctx: Ctx,
+    kind: str,
+    file: str,
+    node: str | None,
+    gpu_model: str | None,
+    label: str | None,
+    as_json: bool,
 ) -> None:
     """Parse FILE (the benchmark's output) as KIND and store its numbers.
 
@@ -52,6 +59,17 @@ def ingest_cmd(
     result = parse(kind, text)
     model = gpu_model or result.gpu_model
     n = store.ingest(cfg, kind, result, node=node, gpu_model=model, label=label, source=file)
+    if as_json:
+        from slurmhealth.cli import render
+
+        render.print_json({
+            "schema": "slurmhealth.baseline-ingest/1", "kind": kind, "node": node,
+            "file": file, "gpu_model": model, "stored": n, "passed": result.passed,
+            "errors": list(result.errors), "problems": list(result.problems),
+            "measurements": [{"metric": m.metric, "gpu": m.gpu, "value": m.value,
+                              "unit": m.unit} for m in result.measurements],
+        })  # fmt: skip
+        sys.exit(0 if result.passed else 1)
     click.echo(f"stored {n} {kind} measurement(s) for {node} from {file}")
     for m in result.measurements:
         gpu = "" if m.gpu is None else f" [gpu{m.gpu}]"

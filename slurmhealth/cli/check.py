@@ -48,17 +48,20 @@ def list_checks(as_json: bool) -> None:
     specs = list(catalog().values())
     if as_json:
         render.print_json(
-            [
-                {
-                    "name": s.name,
-                    "description": s.description,
-                    "action": s.action.value,
-                    "thresholds": dict(s.thresholds),
-                    "phases": list(s.phases),
-                    "hint": s.hint,
-                }
-                for s in specs
-            ]
+            {
+                "schema": "slurmhealth.checks/1",
+                "checks": [
+                    {
+                        "name": s.name,
+                        "description": s.description,
+                        "action": s.action.value,
+                        "thresholds": dict(s.thresholds),
+                        "phases": list(s.phases),
+                        "hint": s.hint,
+                    }
+                    for s in specs
+                ],
+            }
         )
         return
     render.table(

@@ -14,8 +14,9 @@ def config() -> None:
 
 
 @config.command("check")
+@json_option
 @pass_ctx
-def config_check(ctx: Ctx) -> None:
+def config_check(ctx: Ctx, as_json: bool) -> None:
     """Validate the config (and the scenario, for the simulator); exit 2 on an error."""
     from slurmhealth.checks import validate_settings
 
@@ -28,6 +29,11 @@ def config_check(ctx: Ctx) -> None:
             raise UsageError("gpu.backend is 'sim' but gpu.sim_scenario is not set")
         load_scenario(cfg.gpu.sim_scenario)
     files = sorted({s for s in cfg.sources.values() if not s.startswith(("environment", "flag"))})
+    if as_json:
+        from slurmhealth.cli import render
+
+        render.print_json({"schema": "slurmhealth.config-check/1", "ok": True, "files": files})
+        return
     click.echo(f"config OK ({', '.join(files) or 'defaults only'})")
 
 
@@ -41,6 +47,7 @@ def config_show(ctx: Ctx, as_json: bool) -> None:
 
     items = effective_items(ctx.config())
     if as_json:
-        render.print_json({k: {"value": v, "source": s} for k, v, s in items})
+        values = {k: {"value": v, "source": s} for k, v, s in items}
+        render.print_json({"schema": "slurmhealth.config/1", "values": values})
         return
     render.table("effective configuration", ["key", "value", "source"], items)

@@ -159,9 +159,9 @@ def capture_cmd(
                + (" (some cut: see the manifest)" if result.truncated else ""))  # fmt: skip
     _files_table("", list(result.files))
     for source, why in sorted(result.skipped.items()):
-        click.echo(click.style(f"  skipped {source}: {why}", dim=True))
+        render.echo_styled(f"  skipped {source}: {why}", dim=True)
     for note in result.notes:
-        click.echo(click.style(f"  note: {note}", fg="yellow"))
+        render.echo_styled(f"  note: {note}", fg="yellow")
 
 
 @evidence.command("list")
@@ -233,7 +233,7 @@ def show_cmd(ctx: Ctx, job_id: str, node: str | None, as_json: bool) -> None:
                    f"{render.utc(m.get('created'))}, {m.get('elapsed_s')} s")  # fmt: skip
         _files_table("", list(m.get("files", [])))
         for source, why in sorted((m.get("skipped") or {}).items()):
-            click.echo(click.style(f"  skipped {source}: {why}", dim=True))
+            render.echo_styled(f"  skipped {source}: {why}", dim=True)
 
 
 @evidence.command("prune")

@@ -75,7 +75,10 @@ def _check_job_owner(ctx: Ctx, rights: Rights, paths: list[str], job: str) -> No
 @click.option("--node", help="Only runs of this node.")
 @click.option("--job", help="Only runs of this Slurm job id.")
 @click.option("--since", help="Only runs since a duration ago (30m, 2h, 1d) or a UTC date.")
-@click.option("--limit", default=50, show_default=True, help="At most this many runs.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True,
+    help="At most this many runs.",
+)  # fmt: skip
 @json_option
 @pass_ctx
 def history(
@@ -130,7 +133,10 @@ def history(
 
 @click.command()
 @click.option("--node", help="Only this node.")
-@click.option("--limit", default=50, show_default=True, help="At most this many rows.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=50, show_default=True,
+    help="At most this many rows.",
+)  # fmt: skip
 @json_option
 @pass_ctx
 def drains(ctx: Ctx, node: str | None, limit: int, as_json: bool) -> None:

@@ -1,5 +1,6 @@
-"""The commands Slurm runs: ``prolog`` and ``epilog``, and the per-job ``sidecar`` the
-prolog starts. Every log line names the job and the node (it ends up in slurmd's log)."""
+"""The commands Slurm runs: ``prolog`` and ``epilog``, the per-job ``sidecar`` the
+prolog starts, and ``healthcheck`` (HealthCheckProgram, between jobs). Every log line
+names the job and the node (it ends up in slurmd's log)."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ import sys
 
 import click
 
-from slurmhealth.cli.options import Ctx, gpus_option, pass_ctx
+from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
 
 
-def _hook_logging(name: str) -> None:
-    job = os.environ.get("SLURM_JOB_ID", "?")
-    node = os.environ.get("SLURMD_NODENAME", "?")
-    fmt = f"slurmhealth {name}[job={job} node={node}]: %(levelname)s: %(message)s"
+def _hook_logging(name: str, node: str | None = None) -> None:
+    node = node or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    who = f"node={node}" if name == "healthcheck" else (
+        f"job={os.environ.get('SLURM_JOB_ID', '?')} node={node}"
+    )  # fmt: skip
+    fmt = f"slurmhealth {name}[{who}]: %(levelname)s: %(message)s"
     for handler in logging.getLogger().handlers:
         handler.setFormatter(logging.Formatter(fmt))
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
@@ -86,3 +89,41 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
             node=os.environ.get("SLURMD_NODENAME", cfg.node_name),
         )
     sys.exit(Sidecar(cfg, labels, gpus or ()).run())
+
+
+@click.command()
+@json_option
+@pass_ctx
+def healthcheck(ctx: Ctx, as_json: bool) -> None:
+    """Slurm HealthCheckProgram: check every GPU of this idle node between jobs and drain
+    it with the prolog's reasons, etiquette and circuit breaker when one fails. On a node
+    with jobs the checks for a previous job's leftovers are skipped (and named). Never
+    resumes a node.
+
+    Always exits 0 (slurmd acts on nothing else; a non-zero exit at slurmd's start keeps
+    the node from registering): errors are logged, and the node is left as it is. Run it
+    through healthcheck/slurmhealth-healthcheck, which adds the time limit and syslog.
+    """
+    from slurmhealth.cli import render
+    from slurmhealth.hooks.healthcheck import healthcheck as run
+
+    _hook_logging("healthcheck")
+    hook_log = logging.getLogger("slurmhealth.hooks")
+    try:
+        cfg = ctx.config()
+        _hook_logging("healthcheck", cfg.node_name)
+        result = run(cfg)
+    except Exception as exc:  # fail open, loudly: a broken checker never drains
+        hook_log.error("%s: %s; nothing checked, node left as it is", type(exc).__name__, exc,
+                       exc_info=ctx.debug)  # fmt: skip
+        sys.exit(0)
+    data = result.to_dict()
+    drain = result.drain
+    summary = data["status"] + (f"; {drain.state}: {drain.reason}" if drain else "")
+    hook_log.log(logging.DEBUG if summary == "ok" else logging.INFO, "%s%s", summary,
+                 f" ({drain.detail})" if drain and drain.detail else "")  # fmt: skip
+    if as_json:
+        render.print_json(data)
+    else:
+        render.check_result(data)
+    sys.exit(0)

@@ -13,21 +13,32 @@ import click
 
 from slurmhealth.cli import render
 from slurmhealth.cli.options import Ctx, json_option, pass_ctx
+from slurmhealth.errors import UsageError
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
 
 
 def _job_context(cfg: Config, job_id: str) -> dict[str, set[Any]]:
-    """Nodes, GPUs, Xids and checks of the job, from every history this node can read."""
-    from slurmhealth.history.read import Reader, StoreError, history_paths, incident_rows
+    """Nodes, GPUs, Xids and checks of the job, from every history this node can read; a
+    job none of them knows is a usage error (a typo must not become an incident)."""
+    from slurmhealth.history.read import (
+        Reader,
+        StoreError,
+        history_paths,
+        incident_rows,
+        job_row,
+    )
     from slurmhealth.report import incidents
 
     ctx: dict[str, set[Any]] = {"nodes": set(), "gpus": set(), "xids": set(), "checks": set()}
-    for path in history_paths(cfg):
+    known = False
+    paths = history_paths(cfg)
+    for path in paths:
         try:
             with Reader(path) as db:
                 rows = incident_rows(db, job_id)
+                known = known or bool(rows) or job_row(db, job_id) is not None
         except StoreError:
             continue
         by_node: dict[str, list[dict[str, Any]]] = {}
@@ -36,6 +47,10 @@ def _job_context(cfg: Config, job_id: str) -> dict[str, set[Any]]:
         for node, node_rows in by_node.items():
             for key, values in incidents.context_of(node_rows, node).items():
                 ctx[key] |= values
+    if not known:
+        where = ", ".join(paths) or f"no history here ({cfg.db_path()})"
+        raise UsageError(f"incident add: job {job_id} is in no history this node reads "
+                         f"({where}); record it where the job ran")  # fmt: skip
     return ctx
 
 
@@ -72,6 +87,8 @@ def add(
     from slurmhealth.report import incidents
 
     access.require_admin(ctx.caller(), ctx.rights(), "record incidents")
+    if not symptom.strip() or not root_cause.strip():  # the flags first, then the job
+        raise UsageError("an incident needs --symptom and --root-cause")
     cfg = ctx.config()
     inc = incidents.add(
         cfg,
@@ -85,7 +102,7 @@ def add(
         tags=tags,
     )
     if as_json:
-        render.print_json(asdict(inc))
+        render.print_json({"schema": "slurmhealth.incident/1", **asdict(inc)})
     else:
         click.echo(f"incident {inc.id} recorded (nodes {', '.join(inc.nodes) or '-'}, "
                    f"Xids {', '.join(map(str, inc.xids)) or '-'})")  # fmt: skip
@@ -93,7 +110,13 @@ def add(
 
 @incident.command("search")
 @click.argument("words", nargs=-1, required=True)
-@click.option("--limit", default=20, show_default=True, help="At most this many incidents.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="At most this many incidents.",
+)
 @json_option
 @pass_ctx
 def search(ctx: Ctx, words: tuple[str, ...], limit: int, as_json: bool) -> None:
@@ -105,7 +128,8 @@ def search(ctx: Ctx, words: tuple[str, ...], limit: int, as_json: bool) -> None:
     cfg = ctx.config()
     hits = incidents.search(cfg, " ".join(words), limit=limit)
     if as_json:
-        render.print_json([{"score": s, **asdict(i)} for s, i in hits])
+        render.print_json({"schema": "slurmhealth.incidents/1",
+                           "incidents": [{"score": s, **asdict(i)} for s, i in hits]})  # fmt: skip
         return
     render.table(
         "incidents",

@@ -13,13 +13,22 @@ from slurmhealth.cli.options import Ctx, json_option, pass_ctx
 @click.argument("node")
 @click.option("--reason", required=True, help="Why it is fit again (recorded).")
 @click.option("--force", is_flag=True, help="Resume even if someone else drained it.")
+@json_option
 @pass_ctx
-def resume(ctx: Ctx, node: str, reason: str, force: bool) -> None:
-    """Return NODE to service if slurmhealth drained it (--force for any reason)."""
+def resume(ctx: Ctx, node: str, reason: str, force: bool, as_json: bool) -> None:
+    """Return NODE to service if slurmhealth drained it (--force for any reason).
+
+    Exits 0 when resumed, 1 when refused or not drained."""
+    from slurmhealth.cli import render
     from slurmhealth.hooks.resume import resume_node
 
     outcome = resume_node(ctx.config(), node, reason, force=force)
-    click.echo(outcome.message)
+    if as_json:
+        render.print_json({"schema": "slurmhealth.resume/1", "node": node,
+                           "resumed": outcome.exit_code == 0, "message": outcome.message,
+                           "exit_code": outcome.exit_code})  # fmt: skip
+    else:
+        click.echo(outcome.message)
     sys.exit(outcome.exit_code)
 
 

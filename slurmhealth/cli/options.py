@@ -1,6 +1,7 @@
 """What the commands share, defined once: the context object that loads the config and
-the caller's rights (from the root-owned system config only), the ``--json`` flag and the
-``--gpus`` list."""
+the caller's rights (from the root-owned system config only) and holds the global flags
+(``--debug``, ``--quiet``, ``--json``: accepted before or after the command, see
+``app``), the ``--json`` flag and the ``--gpus`` list."""
 
 from __future__ import annotations
 
@@ -21,10 +22,19 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Ctx:
     """The root group's options. The config is read when a command asks, never at import."""
 
-    def __init__(self, config_path: str | None, db: str | None, debug: bool) -> None:
+    def __init__(
+        self,
+        config_path: str | None,
+        db: str | None,
+        debug: bool,
+        quiet: bool = False,
+        as_json: bool = False,
+    ) -> None:
         self.config_path = config_path
         self.db = db
         self.debug = debug
+        self.quiet = quiet  # nothing on stdout but asked-for JSON; only errors on stderr
+        self.as_json = as_json  # `slurmhealth --json CMD`: as CMD --json
         self._rights: Rights | None = None
 
     def config(self, flags: Mapping[str, object] | None = None) -> Config:
@@ -68,8 +78,21 @@ pass_ctx = click.make_pass_decorator(Ctx)
 
 
 def json_option(fn: F) -> F:
-    """``--json``: the command prints JSON (``as_json=True``) instead of a table or text."""
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")(fn)
+    """``--json``: the command prints JSON (``as_json=True``) instead of a table or text;
+    ``slurmhealth --json CMD`` too. Every JSON output is one object with a ``schema`` key
+    (``slurmhealth.<what>/<version>``)."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        callback=_json_anywhere,
+        help="Print JSON instead of text.",
+    )(fn)
+
+
+def _json_anywhere(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    root = ctx.find_object(Ctx)
+    return bool(value or (root is not None and root.as_json))
 
 
 def gpus_option(help: str, envvar: str | None = None) -> Callable[[F], F]:

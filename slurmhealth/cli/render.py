@@ -1,8 +1,14 @@
-"""Rendering for people (rich tables) and machines (versioned JSON). No logic."""
+"""Rendering for people (rich tables) and machines (versioned JSON). No logic.
+
+Colour only on a terminal and never with ``NO_COLOR`` set (https://no-color.org); output
+that is not a terminal (a pipe, a file) is never wrapped or cut: a table row stays one line
+however long, so ``slurmhealth drains | grep REASON`` finds the whole reason.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -12,6 +18,25 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 SEVERITY_STYLE = {"critical": "bold red", "fail": "red", "warn": "yellow", "info": "cyan"}
+PIPE_WIDTH = 1_000_000  # columns of a console that is not a terminal: lines are never wrapped
+
+
+def no_color() -> bool:
+    """``NO_COLOR`` is set to something (no-color.org: present and not empty)."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def style(text: str, **styles: Any) -> str:
+    """``click.style`` unless ``NO_COLOR`` (click.echo drops styles off a terminal itself)."""
+    import click
+
+    return text if no_color() else click.style(text, **styles)
+
+
+def echo_styled(text: str, **styles: Any) -> None:
+    import click
+
+    click.echo(style(text, **styles))
 
 
 def utc(ts: float | None) -> str:
@@ -34,9 +59,10 @@ def table(
     from rich.table import Table
     from rich.text import Text
 
+    piped = not sys.stdout.isatty()
     t = Table(title=title, title_justify="left", show_lines=False, expand=False)
     for col in columns:
-        t.add_column(col, overflow="fold")
+        t.add_column(col, overflow="fold", no_wrap=piped)
     for n, row in enumerate(rows):
         style = styles[n] if styles and n < len(styles) else None
         # Text(): values are data, never markup or emoji codes (":ab:" in a PCI id)
@@ -45,9 +71,19 @@ def table(
 
 
 def console() -> Console:
+    """A rich console: the terminal's width on a terminal, unbounded elsewhere; no colour
+    off a terminal or with ``NO_COLOR``."""
     from rich.console import Console
 
-    return Console(soft_wrap=False, emoji=False, highlight=False)
+    piped = not sys.stdout.isatty()
+    return Console(
+        soft_wrap=False,
+        emoji=False,
+        highlight=False,
+        width=PIPE_WIDTH if piped else None,
+        no_color=no_color(),
+        color_system=None if piped or no_color() else "auto",
+    )
 
 
 def check_result(data: dict[str, Any]) -> None:
@@ -61,8 +97,8 @@ def check_result(data: dict[str, Any]) -> None:
     status = data["status"]
     colour = {"ok": "green", "warn": "yellow", "fail": "red"}[status]
     click.echo(
-        f"{click.style(data['node'], bold=True)} {data['phase']} at {data['time']}: "
-        f"{click.style(status.upper(), fg=colour, bold=True)} on GPU(s) {gpus} "
+        f"{style(data['node'], bold=True)} {data['phase']} at {data['time']}: "
+        f"{style(status.upper(), fg=colour, bold=True)} on GPU(s) {gpus} "
         f"in {data['duration_s'] * 1000:.0f} ms"
     )
     findings = data["findings"]
@@ -83,6 +119,6 @@ def check_result(data: dict[str, Any]) -> None:
         for hint in hints:
             click.echo(f"  hint: {hint}")
     for note in data["notes"]:
-        click.echo(click.style(f"  note: {note}", dim=True))
+        echo_styled(f"  note: {note}", dim=True)
     if not data["recorded"]:
-        click.echo(click.style("  note: history not writable; this run was spooled", fg="yellow"))
+        echo_styled("  note: history not writable; this run was spooled", fg="yellow")

@@ -1,6 +1,7 @@
 """``slurmhealth report JOBID``: parsing and output only; ``report.build`` does the work.
 
-Exit codes: 0 report printed, 2 unknown job or bad option, 4 not allowed to read the job.
+Exit codes: 0 report printed, 2 unknown job or bad option (an --html file that cannot be
+written), 4 not allowed to read the job.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def parse_window(text: str | None) -> float | None:
     "--html",
     "html_file",
     metavar="FILE",
-    type=click.Path(dir_okay=False),
-    help="Write one self-contained HTML file with plots.",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write one self-contained HTML file with plots ('-': to stdout).",
 )
 @pass_ctx
 def report(
@@ -61,6 +62,8 @@ def report(
 
     if as_json + as_markdown + (html_file is not None) > 1:
         raise UsageError("choose one of --json, --markdown, --html")
+    if html_file not in (None, "-"):
+        _check_writable(html_file)  # before the report is built, which may take a while
     cfg = ctx.config()
     result = build_report(cfg, job_id, window_s=parse_window(window), requester_uid=os.getuid(),
                           rights=ctx.rights())  # fmt: skip
@@ -76,10 +79,33 @@ def report(
     elif html_file is not None:
         from slurmhealth.report.html import to_html
 
-        with open(html_file, "w", encoding="utf-8") as fh:
-            fh.write(to_html(result))
-        click.echo(f"report for job {result.job.job_id} written to {html_file}")
+        _write_html(html_file, to_html(result))
+        if html_file != "-":
+            click.echo(f"report for job {result.job.job_id} written to {html_file}")
     else:
+        from slurmhealth.cli.render import console
         from slurmhealth.report.render import print_report
 
-        print_report(result)
+        print_report(result, console())
+
+
+def _check_writable(path: str) -> None:
+    """A one-line usage error now for an --html file that cannot be written."""
+    folder = os.path.dirname(path) or "."
+    if os.path.isdir(path):
+        raise UsageError(f"--html {path}: is a directory")
+    if not os.path.isdir(folder):
+        raise UsageError(f"--html {path}: no such directory {folder}")
+    if not os.access(folder, os.W_OK) and not os.access(path, os.W_OK):
+        raise UsageError(f"--html {path}: not writable")
+
+
+def _write_html(path: str, html: str) -> None:
+    if path == "-":
+        click.echo(html, nl=False)
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(html)
+    except OSError as exc:
+        raise UsageError(f"--html {path}: {exc.strerror or exc}") from None

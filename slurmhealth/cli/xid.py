@@ -20,6 +20,6 @@ def xid(number: str, as_json: bool) -> None:
         raise UsageError(f"xid: {number!r} is not an Xid number (0-99999)")
     info = explain(int(number))
     if as_json:
-        render.print_json(info)
+        render.print_json({"schema": "slurmhealth.xid/1", **info})
         return
     render.table(f"Xid {int(number)}", ["field", "value"], [(k, v) for k, v in info.items()])

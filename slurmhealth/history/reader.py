@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmhealth.errors import StoreError
-from slurmhealth.history.schema import decode
+from slurmhealth.history.schema import check_version, decode
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -33,7 +33,8 @@ class Source(Protocol):
 
 class Reader:
     """One history file opened read-only on first use; ``busy_timeout_s`` bounds waits on
-    a writer holding a lock."""
+    a writer holding a lock. A file written by a newer release is refused at open
+    (:class:`~slurmhealth.errors.SchemaTooNew`, a :class:`StoreError`)."""
 
     def __init__(self, path: str | os.PathLike[str], busy_timeout_s: float = 5.0) -> None:
         self.path = os.fspath(path)
@@ -43,8 +44,14 @@ class Reader:
     def connection(self) -> sqlite3.Connection:
         if self._conn is None:
             uri = self.path.replace("%", "%25").replace("?", "%3f").replace("#", "%23")
-            self._conn = sqlite3.connect(f"file:{uri}?mode=ro", uri=True,
-                                         timeout=self.busy_timeout_s)  # fmt: skip
+            conn = sqlite3.connect(f"file:{uri}?mode=ro", uri=True,
+                                   timeout=self.busy_timeout_s)  # fmt: skip
+            try:
+                check_version(self.path, int(conn.execute("PRAGMA user_version").fetchone()[0]))
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
         return self._conn
 
     def close(self) -> None:

@@ -3,6 +3,9 @@
 Current schema: table -> column -> type. A migration that adds columns updates ``COLUMNS``.
 Migrations receive a ``sqlite_utils.Database`` inside an open transaction and are applied
 in ascending order, each recorded in ``schema_migrations`` and ``PRAGMA user_version``.
+Before the first migration of an existing database it is copied to ``<db>.bak-v<old>``
+(``History``); a database whose version is above :func:`latest_version` is refused
+(:func:`check_version`): a rolled-back binary never writes to a newer schema.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ import contextlib
 import json
 from collections.abc import Callable
 from typing import Any
+
+from slurmhealth.errors import SchemaTooNew
 
 Migration = Callable[[Any], None]
 """A migration receives a ``sqlite_utils.Database`` inside an open transaction."""
@@ -109,6 +114,13 @@ def _sample_columns(db: Any) -> None:
 
 def latest_version() -> int:
     return max(MIGRATIONS)
+
+
+def check_version(path: str, found: int) -> None:
+    """Raise :class:`SchemaTooNew` when ``found`` (the file's ``user_version``) is newer
+    than every migration this release knows: an older binary never uses a newer database."""
+    if found > latest_version():
+        raise SchemaTooNew(path, found, latest_version())
 
 
 def sql_value(value: Any) -> Any:

@@ -9,10 +9,17 @@ calls corrupt ("file is not a database", "database disk image is malformed") whe
 or written is moved aside to ``<db>.corrupt-<UTC time>`` and a fresh one created; the
 fresh one counts it in the ``kv`` row ``history_corrupt_total`` and a ``history_corrupt``
 event. A locked, busy or full database is never taken for a corrupt one.
+
+Schema versions: a database older than this release is copied to ``<db>.bak-v<old>`` (the
+sqlite backup API, same owner and mode as the database) and then migrated; one newer than
+this release (a rolled-back binary) is never written: :meth:`History.refuse_newer` raises
+:class:`SchemaTooNew` for the commands that must refuse, and :meth:`History.write` spools
+the batch for the newer release to ingest, so a hook still never fails on its history.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,10 +27,16 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth.errors import StoreError
+from slurmhealth.errors import SchemaTooNew, StoreError
 from slurmhealth.history.batch import Batch, apply, immediate
-from slurmhealth.history.files import admin_gid, folder_lock, move_aside, prepare_db
-from slurmhealth.history.schema import MIGRATIONS, latest_version
+from slurmhealth.history.files import (
+    admin_gid,
+    folder_lock,
+    move_aside,
+    open_private,
+    prepare_db,
+)
+from slurmhealth.history.schema import MIGRATIONS, check_version, latest_version
 from slurmhealth.history.spool import DEFAULT_MAX_BYTES, Spool, SpoolFull
 
 if TYPE_CHECKING:
@@ -128,7 +141,9 @@ class History:
             conn.execute(f"PRAGMA busy_timeout = {self.busy_timeout_ms}")
             self._set_wal(conn)
             conn.execute("PRAGMA synchronous = NORMAL")
-            if _user_version(conn) < latest_version():
+            version = _user_version(conn)
+            check_version(self.path, version)
+            if version < latest_version():
                 self._migrate(conn)
         except BaseException:
             conn.close()
@@ -168,7 +183,39 @@ class History:
                     raise
             time.sleep(0.005)
 
+    def refuse_newer(self) -> None:
+        """Raise :class:`SchemaTooNew` when the database was written by a newer release.
+        Any other trouble opening it is left to :meth:`write` (which spools)."""
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.connection()
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        # one process at a time: the backup must be of the old version, not a half-migrated one
+        with folder_lock(os.path.dirname(self.path) or "."):
+            old = _user_version(conn)
+            check_version(self.path, old)
+            if old >= latest_version():
+                return  # another process migrated it while we waited
+            if old > 0:
+                self._backup(conn, old)
+            self._apply_migrations(conn)
+
+    def _backup(self, conn: sqlite3.Connection, version: int) -> str:
+        """Copy the database, before migrating it, to ``<db>.bak-v<version>`` (one file,
+        private like the database); an error stops the migration."""
+        target = f"{self.path}.bak-v{version}"
+        os.close(open_private(target, os.O_RDWR | os.O_CREAT | os.O_TRUNC, self.spool.gid))
+        dest = sqlite3.connect(target)
+        try:
+            conn.backup(dest)
+            dest.execute("PRAGMA journal_mode = DELETE")  # a self-contained copy
+        finally:
+            dest.close()
+        log.warning("history %s: schema version %d -> %d; the old one is kept in %s",
+                    self.path, version, latest_version(), target)  # fmt: skip
+        return target
+
+    def _apply_migrations(self, conn: sqlite3.Connection) -> None:
         import sqlite_utils
 
         db = sqlite_utils.Database(conn, recursive_triggers=False, execute_plugins=False)
@@ -215,6 +262,10 @@ class History:
                 with immediate(conn):
                     apply(conn, batch, time.time())
                 return True
+            except SchemaTooNew as exc:
+                log.error("%s", exc)  # kept for the newer release, which ingests the spool
+                problem = "schema newer than this release"
+                break
             except (sqlite3.Error, OSError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 if attempt == 2 or not is_corrupt(exc):
@@ -276,7 +327,7 @@ class History:
             try:
                 self._ingest(self.connection())
                 break
-            except (sqlite3.Error, OSError) as exc:
+            except (sqlite3.Error, OSError, SchemaTooNew) as exc:
                 if attempt == 1 and is_corrupt(exc):
                     self._recover(exc)
                     continue
@@ -308,6 +359,6 @@ class History:
         """``"ok"``, or what ``PRAGMA integrity_check`` (or opening the file) reported."""
         try:
             rows = self.connection().execute("PRAGMA integrity_check").fetchall()
-        except (sqlite3.Error, OSError) as exc:
+        except (sqlite3.Error, OSError, SchemaTooNew) as exc:
             return f"{type(exc).__name__}: {exc}"
         return "\n".join(str(row[0]) for row in rows)

@@ -125,14 +125,17 @@ def run_check(
     job_id: str | None = None,
     job_row: dict[str, Any] | None = None,
 ) -> CheckResult:
-    """:func:`check_node` over the configured GPU backend and this node's history."""
+    """:func:`check_node` over the configured GPU backend and this node's history, for a
+    run by hand: GPUs asked for that the node does not have are a usage error."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
 
     history = History.for_node(cfg)
     try:
+        history.refuse_newer()  # a rolled-back binary says so instead of spooling every run
         backend = open_backend(cfg)
         try:
+            _require_gpus(cfg, backend, gpus)
             return check_node(
                 cfg, backend, history, gpus=gpus, phase=phase, job_id=job_id, job_row=job_row
             )
@@ -140,6 +143,19 @@ def run_check(
             backend.close()
     finally:
         history.close()
+
+
+def _require_gpus(cfg: Config, backend: GpuBackend, gpus: Sequence[int] | None) -> None:
+    """A typo (``--gpus 9`` on an 8-GPU node) is refused before anything is recorded. A GPU
+    under ``gpu.expected_count`` that NVML no longer sees is no typo: the checks report it
+    (as the prolog does for a GPU Slurm allocated)."""
+    from slurmhealth.errors import UsageError
+
+    have = max(len(backend.devices()), cfg.gpu.expected_count)
+    if gpus and (missing := sorted(i for i in gpus if i >= have)):
+        listed = ", ".join(map(str, missing))
+        span = f": 0-{have - 1}" if have else ""
+        raise UsageError(f"--gpus: no GPU {listed} on this node ({have} GPUs{span})")
 
 
 def read_state(history: History) -> tuple[dict[str, Any], list[str]]:
@@ -307,6 +323,7 @@ def check_within(
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     budget.enter("history read")
     bound_db_wait(history, budget.bound(STATE_WAIT_S, DECISION_RESERVE_S))
+    history.refuse_newer()  # SchemaTooNew: the hook fails open, recorded in the spool
     stored, notes = read_state(history)
     budget.enter("gpu snapshot")
     budget.require(DECISION_RESERVE_S)

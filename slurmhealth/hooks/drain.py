@@ -38,6 +38,11 @@ class DrainOutcome:
         return self.state in ("drained", "already", "held", "failed")
 
 
+def drain_candidates(findings: Sequence[Finding]) -> list[Finding]:
+    """The findings that take a node out: failing, with a drain or reset action."""
+    return [f for f in findings if f.failing and f.action.takes_node_out]
+
+
 def drain_reason(findings: Sequence[Finding]) -> str:
     """``slurmhealth: nvlink_inactive gpu3 NVLink 7 inactive (+1 more)``; Xids behind
     another finding are named too (``[Xid 79]``): they are what an operator greps for."""

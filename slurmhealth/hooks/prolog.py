@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
+from slurmhealth.errors import SchemaTooNew
 from slurmhealth.hooks.budget import BoundedSlurm, Budget, BudgetSpent, bound_db_wait
 from slurmhealth.hooks.check import check_batch, check_within
 from slurmhealth.hooks.drain import DrainOutcome, drain_node
@@ -150,7 +151,7 @@ def run_hook(
         _sidecar(cfg, job, phase, 0)
     try:
         judged = check_within(cfg, adapters.history, adapters.open_gpu, job, phase, budget)
-    except BudgetSpent as spent:
+    except (BudgetSpent, SchemaTooNew) as spent:
         return _fail_open(cfg, adapters.history, job, phase, row, budget, spent)
     result = judged.result
     candidates = _drain_candidates(result.findings)
@@ -187,13 +188,17 @@ def _fail_open(
     phase: str,
     row: dict[str, Any],
     budget: Budget,
-    spent: BudgetSpent,
+    spent: BudgetSpent | SchemaTooNew,
 ) -> HookResult:
     """The budget ran out before a decision: the job runs (the prolog exits 0) and a
     ``failopen`` check run says where and why, in the history or, when the history does
     not answer at once, in the spool the next run ingests."""
     run_id = os.urandom(16).hex()
-    log.warning("failing open: %s", spent)
+    log.log(
+        logging.ERROR if isinstance(spent, SchemaTooNew) else logging.WARNING,
+        "failing open: %s",
+        spent,
+    )
     bound_db_wait(history, budget.bound(DB_WAIT_S))
     _record(
         history,

@@ -74,6 +74,7 @@ def resume_node(cfg: Config, node: str, reason: str, *, force: bool = False) -> 
 
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     with History.for_node(cfg, node) as history:
+        history.refuse_newer()
         return resume(cfg, slurm, history, node, reason, force=force)
 
 

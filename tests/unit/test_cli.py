@@ -161,7 +161,9 @@ def test_config_show_says_where_values_come_from(sim_env, tmp_path: Path) -> Non
     env = sim_env("healthy", SLURMHEALTH_CONFIG=str(cfg))
     proc = run_cli("--db", str(tmp_path / "flag.db"), "config", "show", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
-    shown = json.loads(proc.stdout)
+    out = json.loads(proc.stdout)
+    assert out["schema"] == "slurmhealth.config/1"
+    shown = out["values"]
     assert shown["gpu.snapshot_timeout_s"] == {"value": 3.0, "source": str(cfg)}
     assert shown["gpu.backend"]["source"] == "environment SLURMHEALTH_GPU_BACKEND"
     assert shown["paths.db"] == {"value": str(tmp_path / "flag.db"), "source": "flag paths.db"}
@@ -186,7 +188,9 @@ def test_threshold_from_config_changes_the_verdict(sim_env, tmp_path: Path) -> N
 
 def test_checks_lists_the_catalog(sim_env) -> None:
     proc = run_cli("checks", "--json", env=sim_env())
-    checks = {c["name"]: c for c in json.loads(proc.stdout)}
+    listed = json.loads(proc.stdout)
+    assert listed["schema"] == "slurmhealth.checks/1"
+    checks = {c["name"]: c for c in listed["checks"]}
     expected = {
         "gpu_count", "gpu_lost", "gpu_unresponsive", "ecc_uncorrectable", "row_remap",
         "nvlink_inactive", "nvlink_errors", "pcie_link", "clock_events", "thermal_margin",
@@ -231,8 +235,8 @@ def test_listing_commands_share_one_json_flag() -> None:
         path: opt
         for path, cmd in commands.items()
         for opt in cmd.params
-        if isinstance(opt, click.Option) and "--json" in opt.opts
-    }
+        if isinstance(opt, click.Option) and "--json" in opt.opts and not opt.hidden
+    }  # (a group's hidden --json stands for its command's: `slurmhealth config --json show`)
     listing = {"check", "checks", "history", "drains", "nodes", "report", "config show",
                "evidence list", "evidence show", "baseline show", "incident search"}  # fmt: skip
     assert listing <= set(json_opts)

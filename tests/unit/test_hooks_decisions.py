@@ -343,3 +343,32 @@ def test_resume_of_our_drain_needs_a_passing_validation(tmp_path: Path) -> None:
         second = resume(cfg, slurm, history, NODE, "replaced gpu5")
     assert second.exit_code == 0 and slurm.resumes == [NODE]
     assert [r["state"] for r in _drain_rows(tmp_path)] == ["resume_refused", "resumed"]
+
+
+def test_prolog_on_a_newer_schema_fails_open_without_draining(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolled-back binary on a node whose history a newer release migrated: the job runs,
+    the node stays up, the run waits in the spool for the newer release."""
+    conn = sqlite3.connect(tmp_path / "history.db")
+    conn.execute("PRAGMA user_version = 999")
+    conn.close()
+    cfg = _config(tmp_path, "nvlink-down")
+    slurm = RecordingSlurm(_cluster())
+    result = _hook(cfg, tmp_path, slurm)
+    assert (result.exit_code, result.status, slurm.drains) == (0, "failopen", [])
+    assert _rows(tmp_path / "history.db", "check_runs") == []
+    (batch,) = (tmp_path / "spool.jsonl").read_text().splitlines()
+    (run,) = [row for table, row in Batch.from_json(batch).inserts if table == "check_runs"]
+    assert run["status"] == "failopen" and "schema version 999" in run["error"]
+    assert any(r.levelname == "ERROR" and "999" in r.getMessage() for r in caplog.records)
+
+
+def test_prolog_fails_a_gpu_slurm_allocated_that_nvml_cannot_see(tmp_path: Path) -> None:
+    """Not a usage error as `check --gpus 7` by hand would be: the job was given GPU 7."""
+    cfg = _config(tmp_path, "gpu-missing")  # 7 GPUs enumerate, no expected_count set
+    slurm = RecordingSlurm(_cluster())
+    result = _hook(cfg, tmp_path, slurm)  # SLURM_JOB_GPUS=0,...,7
+    assert (result.exit_code, result.status) == (1, "fail")
+    ((_, reason),) = slurm.drains
+    assert reason.startswith(f"{REASON_PREFIX} gpu_count ") and "GPU(s) 7 not visible" in reason

@@ -49,10 +49,14 @@ def test_add_attaches_the_jobs_context_and_search_finds_it(sim_env, tmp_path: Pa
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     added = json.loads(proc.stdout)
+    assert added["schema"] == "slurmhealth.incident/1"
     assert added["nodes"] == ["n2"] and added["gpus"] == ["n2:5"] and added["xids"] == [79]
-    found = json.loads(run_cli("incident", "search", "riser", "xid", "--json", env=env).stdout)
+    out = json.loads(run_cli("incident", "search", "riser", "xid", "--json", env=env).stdout)
+    assert out["schema"] == "slurmhealth.incidents/1"
+    found = out["incidents"]
     assert [f["job_id"] for f in found] == ["42"] and found[0]["score"] == 1.0
-    assert json.loads(run_cli("incident", "search", "thermal", "--json", env=env).stdout) == []
+    none = json.loads(run_cli("incident", "search", "thermal", "--json", env=env).stdout)
+    assert none["incidents"] == []
     table = run_cli("incident", "search", "riser", env={**env, "COLUMNS": "200"})
     assert "riser cable on GPU 5" in table.stdout
 

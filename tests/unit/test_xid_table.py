@@ -208,6 +208,7 @@ def test_cli_explains_one_xid() -> None:
     done = run_cli("xid", "109", "--json", env=env)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
+    assert out["schema"] == "slurmhealth.xid/1"
     assert (out["xid"], out["mnemonic"], out["action"]) == (
         109,
         "ROBUST_CHANNEL_CTXSW_TIMEOUT_ERROR",
