@@ -1,7 +1,7 @@
-"""Fuzzing the benchmark-output parsers: 10,000 mutated outputs, 2,000 of each kind
-(nccl-tests, gpu-burn, fio JSON, nvbandwidth, dcgmi diag text and JSON), built from the real-looking
-outputs in tests/fixtures/baseline: cut short, lines dropped, repeated or swapped, columns
-swapped, numbers made huge, negative, nan, inf or non-ASCII digits, unicode inserted, JSON
+"""Fuzzing the benchmark-output parsers: 2,000 mutated outputs of each kind (nccl-tests,
+gpu-burn, fio JSON, nvbandwidth, dcgmi diag text and JSON, perftest), 12,000 in all,
+built from the real-looking outputs in tests/fixtures/baseline: cut short, lines dropped,
+repeated or swapped, columns swapped, numbers made huge, negative, nan, inf or non-ASCII digits, unicode inserted, JSON
 values replaced. ``parse`` documents one error type, :class:`BaselineParseError` (with its
 subclass :class:`BenchmarkFailed`), in one line; a result always holds finite measurements."""
 
@@ -20,8 +20,8 @@ from slurmhealth.baseline.model import KINDS
 from slurmhealth.baseline.parsers import BaselineParseError, BenchmarkFailed, parse
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "baseline"
-N = 10_000
-PER_KIND = N // len(KINDS)
+PER_KIND = 2_000  # at least 10,000 in all: 12,000 with the six kinds
+N = PER_KIND * len(KINDS)
 ODD = ["nan", "NaN", "inf", "-inf", "1e400", "-1e400", "1e-400", "9" * 400, "-0", "-1", "0",
        "0.0", "N/A", "٣٣", "１２", "1e", "1.2.3", "0x10", "18446744073709551616", ""]  # fmt: skip
 JUNK = ["é", "\x00", "\ufffd", "\u2028", "\t", "  ", "|", "#", "[", "{", "}", ":", ",", "\r"]

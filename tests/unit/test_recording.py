@@ -73,10 +73,17 @@ def same(snap: NodeSnapshot) -> NodeSnapshot:
     return dataclasses.replace(snap, duration_s=0.0)
 
 
-def record(tmp_path: Path, text: str, xids: bool = True) -> tuple[tuple[NodeSnapshot, ...], Path]:
+# The snapshot deadline: generous, so that a GPU that answers is never cut on a loaded CI
+# machine; the hung-GPU test takes a short one (a hung read is cut at the deadline).
+ANSWERS_S, HANG_S = 30.0, 2.0
+
+
+def record(
+    tmp_path: Path, text: str, xids: bool = True, timeout_s: float = ANSWERS_S
+) -> tuple[tuple[NodeSnapshot, ...], Path]:
     clock = FakeClock(130)
     rec = RecordingNvml(sim(tmp_path, text, clock), clock=clock)
-    backend = NvmlBackend(rec, node=NODE, clock=rec.clock, timeout_s=0.5)
+    backend = NvmlBackend(rec, node=NODE, clock=rec.clock, timeout_s=timeout_s)
     snaps = run(backend, lambda: clock.at(190), xids)
     out = tmp_path / "recording.json"
     write_recording(str(out), rec.recording(node=NODE))  # before close: a hung call is hung
@@ -84,9 +91,9 @@ def record(tmp_path: Path, text: str, xids: bool = True) -> tuple[tuple[NodeSnap
     return snaps, out
 
 
-def replay(path: Path) -> tuple[NvmlBackend, ReplayNvml]:
+def replay(path: Path, timeout_s: float = ANSWERS_S) -> tuple[NvmlBackend, ReplayNvml]:
     lib = ReplayNvml(load_recording(str(path)))
-    return NvmlBackend(lib, node=NODE, clock=lib.clock, timeout_s=0.5), lib
+    return NvmlBackend(lib, node=NODE, clock=lib.clock, timeout_s=timeout_s), lib
 
 
 def test_replay_gives_the_recorded_snapshots_and_findings(tmp_path: Path) -> None:
@@ -121,11 +128,11 @@ def test_replayed_xid_and_times_are_the_recorded_ones(tmp_path: Path) -> None:
 
 
 def test_a_recorded_hang_replays_as_an_unresponsive_gpu(tmp_path: Path) -> None:
-    (live, _), path = record(tmp_path, "[gpu.2]\nhang = true\n", xids=False)
+    (live, _), path = record(tmp_path, "[gpu.2]\nhang = true\n", xids=False, timeout_s=HANG_S)
     assert live.gpu(2) is not None and live.gpu(2).status is GpuStatus.UNRESPONSIVE  # type: ignore[union-attr]
     data = json.loads(path.read_text())
     assert any(call.get("hang") for call in data["calls"])
-    backend, _ = replay(path)
+    backend, _ = replay(path, HANG_S)
     snap = backend.snapshot()
     backend.close()
     g2 = snap.gpu(2)

@@ -19,14 +19,15 @@ from tests.unit.test_hooks_decisions import _config, _gpu
 class Reader:
     """Reads the simulated GPUs of ``scenario`` and counts what it was asked for."""
 
-    def __init__(self, tmp_path: Path, scenario: str = "healthy") -> None:
+    def __init__(self, tmp_path: Path, scenario: str = "healthy", timeout_s: float = 30.0) -> None:
         self.cfg = _config(tmp_path, scenario)
+        self.timeout_s = timeout_s  # generous: a GPU that answers is never cut on a busy CI
         self.tmp_path = tmp_path
         self.asked: list[list[int]] = []
 
     def __call__(self, indices: Sequence[int] | None) -> tuple[NodeSnapshot, str | None]:
         self.asked.append(list(indices or []))
-        backend = _gpu(self.cfg, self.tmp_path, timeout_s=0.3)
+        backend = _gpu(self.cfg, self.tmp_path, timeout_s=self.timeout_s)
         try:
             return backend.snapshot(indices), backend.kernel_log_hint
         finally:
@@ -77,7 +78,7 @@ def test_only_the_gpus_missing_from_the_cache_are_read(tmp_path: Path) -> None:
 
 
 def test_a_gpu_that_did_not_answer_is_read_again_by_the_next_prolog(tmp_path: Path) -> None:
-    reader, clock = Reader(tmp_path, "gpu-hang"), Clock()
+    reader, clock = Reader(tmp_path, "gpu-hang", timeout_s=1.0), Clock()
     first, _ = _share(tmp_path / "run", reader, [5, 6], clock)
     assert [g.status for g in first.gpus] == [GpuStatus.OK, GpuStatus.UNRESPONSIVE]
     second, _ = _share(tmp_path / "run", reader, [5, 6], clock)
