@@ -1,8 +1,8 @@
 """Fuzzing the benchmark-output parsers: 2,000 mutated outputs of each kind (nccl-tests,
 gpu-burn, fio JSON, nvbandwidth, dcgmi diag text and JSON, perftest), 12,000 in all,
 built from the real-looking outputs in tests/fixtures/baseline: cut short, lines dropped,
-repeated or swapped, columns swapped, numbers made huge, negative, nan, inf or non-ASCII digits, unicode inserted, JSON
-values replaced. ``parse`` documents one error type, :class:`BaselineParseError` (with its
+repeated or swapped, columns swapped, numbers made huge, negative, nan, inf or non-ASCII
+digits, unicode inserted, JSON values replaced. ``parse`` documents one error type, :class:`BaselineParseError` (with its
 subclass :class:`BenchmarkFailed`), in one line; a result always holds finite measurements."""
 
 from __future__ import annotations
