@@ -2,8 +2,9 @@
 gpu-burn, fio JSON, nvbandwidth, dcgmi diag text and JSON, perftest), 12,000 in all,
 built from the real-looking outputs in tests/fixtures/baseline: cut short, lines dropped,
 repeated or swapped, columns swapped, numbers made huge, negative, nan, inf or non-ASCII
-digits, unicode inserted, JSON values replaced. ``parse`` documents one error type, :class:`BaselineParseError` (with its
-subclass :class:`BenchmarkFailed`), in one line; a result always holds finite measurements."""
+digits, unicode inserted, JSON values replaced. ``parse`` documents one error type,
+:class:`BaselineParseError` (with its subclass :class:`BenchmarkFailed`), in one line; a
+result always holds finite measurements."""
 
 from __future__ import annotations
 
