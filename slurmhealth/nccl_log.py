@@ -46,6 +46,7 @@ _RANKS = re.compile(r"\brank (\d{1,9}) n[Rr]anks (\d{1,9})\b")
 _NETWORK = re.compile(r"^Using network (\S.*?)\s*$")
 _NET_DEVICES = re.compile(r"^NET/(IB|Socket) ?: (Using .*|No device found.*)$")
 
+Edge = tuple[str, int, int, str, str | None]  # host, rank, peer, transport, network
 INTRA_SLOW = "intra_node_off_p2p"
 INTER_SOCKET = "inter_node_socket"
 
@@ -142,7 +143,7 @@ def _channel(prefix: re.Match[str]) -> Channel | None:
 def parse(lines: Iterable[str]) -> NcclTransports:
     """Summarise NCCL log lines (every rank's file of a job, in any order)."""
     out = NcclTransports()
-    edges: set[tuple[str, int, int, str, str | None]] = set()
+    edges: set[Edge] = set()
     hosts: dict[int, set[str]] = {}  # rank -> hosts it was seen on (sub-communicators clash)
     for line in lines:
         out.lines += 1
@@ -174,61 +175,55 @@ def _same_host(host: str, peer: int, hosts: dict[int, set[str]]) -> bool:
     return hosts.get(peer) == {host}
 
 
-def _judge(
-    out: NcclTransports,
-    edges: set[tuple[str, int, int, str, str | None]],
-    hosts: dict[int, set[str]],
-) -> None:
+def _judge(out: NcclTransports, edges: set[Edge], hosts: dict[int, set[str]]) -> None:
+    """Each rank's intra- and inter-node transports, and the flags."""
     intra: dict[tuple[str, int], set[str]] = {}
     inter: dict[tuple[str, int], set[str]] = {}
-    slow: list[tuple[int, int]] = []
-    socket: list[tuple[int, int]] = []
-    for host, rank, peer, transport, network in sorted(edges, key=str):
+    slow: set[tuple[int, int]] = set()
+    socket: set[tuple[int, int]] = set()
+    for host, rank, peer, transport, network in edges:
         key = (host, rank)
         intra.setdefault(key, set())
         inter.setdefault(key, set())
         if transport != "NET" or _same_host(host, peer, hosts):
             intra[key].add(transport)
             if transport in ("SHM", "NET"):
-                slow.append((rank, peer))
+                slow.add((rank, peer))
         else:
             inter[key].add(network or "unknown")
             if network == "Socket":
-                socket.append((rank, peer))
-    for key in intra:
-        out.ranks[key] = RankTransports(
-            key[0], key[1], tuple(sorted(intra[key])), tuple(sorted(inter[key]))
-        )
+                socket.add((rank, peer))
+    for key in sorted(intra):
+        out.ranks[key] = RankTransports(*key, tuple(sorted(intra[key])), tuple(sorted(inter[key])))
     if slow:
         kinds = sorted({t for k in intra for t in intra[k] if t in ("SHM", "NET")})
         out.flags.append(
-            Flag(
-                INTRA_SLOW,
-                f"intra-node traffic left NVLink/P2P: {len(set(slow))} connection(s) between "
-                f"GPUs of one node went via {'/'.join(kinds)} (P2P disabled or unavailable: "
-                "NCCL_P2P_DISABLE, NVLink down, ACS/IOMMU, containers without IPC)",
-                tuple(sorted(set(slow))[:MAX_EXAMPLES]),
-            )
+            Flag(INTRA_SLOW, _INTRA_TEXT.format(len(slow), "/".join(kinds)), _ex(slow))
         )
-    if not socket and len(out.hosts) > 1:
-        # no channel lines (NCCL_DEBUG=WARN, or cut off), but the chosen network is known
-        socket_hosts = sorted(h for h, nets in out.networks.items() if "Socket" in nets)
-        if socket_hosts:
-            out.flags.append(
-                Flag(
-                    INTER_SOCKET,
-                    "inter-node traffic fell back to sockets: NCCL chose 'network Socket' on "
-                    f"{', '.join(socket_hosts[:MAX_EXAMPLES])} of a {len(out.hosts)}-node job",
-                    (),
-                )
-            )
     if socket:
-        out.flags.append(
-            Flag(
-                INTER_SOCKET,
-                f"inter-node traffic fell back to sockets: {len(set(socket))} connection(s) "
-                "via NET/Socket instead of InfiniBand/RoCE (NCCL_IB_DISABLE, no IB device "
-                "or driver in the job's environment, NCCL_NET=Socket)",
-                tuple(sorted(set(socket))[:MAX_EXAMPLES]),
-            )
-        )
+        out.flags.append(Flag(INTER_SOCKET, _SOCKET_TEXT.format(len(socket)), _ex(socket)))
+    elif len(out.hosts) > 1:
+        # no channel lines (NCCL_DEBUG=WARN, or cut off), but the chosen network is known
+        on = sorted(h for h, nets in out.networks.items() if "Socket" in nets)
+        if on:
+            text = _NETWORK_TEXT.format(", ".join(on[:MAX_EXAMPLES]), len(out.hosts))
+            out.flags.append(Flag(INTER_SOCKET, text, ()))
+
+
+def _ex(pairs: set[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    return tuple(sorted(pairs)[:MAX_EXAMPLES])
+
+
+_INTRA_TEXT = (
+    "intra-node traffic left NVLink/P2P: {} connection(s) between GPUs of one node went via "
+    "{} (P2P disabled or unavailable: NCCL_P2P_DISABLE, NVLink down, ACS/IOMMU, containers "
+    "without IPC)"
+)
+_SOCKET_TEXT = (
+    "inter-node traffic fell back to sockets: {} connection(s) via NET/Socket instead of "
+    "InfiniBand/RoCE (NCCL_IB_DISABLE, no IB device or driver in the job's environment, "
+    "NCCL_NET=Socket)"
+)
+_NETWORK_TEXT = (
+    "inter-node traffic fell back to sockets: NCCL chose 'network Socket' on {} of a {}-node job"
+)

@@ -191,7 +191,7 @@ def test_hostile_input_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(got.flags[0].ranks) == nccl_log.MAX_EXAMPLES
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(max_size=300), max_size=30))
 def test_fuzz_never_raises(lines: list[str]) -> None:
     parse(lines)
@@ -227,7 +227,7 @@ _PIECES = st.sampled_from(
 )
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.lists(_PIECES, max_size=14).map("".join), max_size=20))
 def test_fuzz_near_miss_lines(lines: list[str]) -> None:
     got = parse(lines)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+from pathlib import Path
 
 from slurmhealth.checks.rank_straggler import rank_stragglers
-from slurmhealth.sidecar.task import StepRecord
+from slurmhealth.sidecar.task import StepRecord, TaskReader
 
 
 def ddp_steps(
@@ -82,3 +85,27 @@ def test_timer_noise_on_tiny_steps_is_ignored() -> None:
     steps = {0: ddp_steps(0.0004, 0.001), 1: ddp_steps(0.0008, 0.001)}
     assert rank_stragglers(steps) == []
     assert [s.rank for s in rank_stragglers(steps, min_excess_s=0.0001)] == [1]
+
+
+def test_from_the_task_channel_files(tmp_path: Path) -> None:
+    """What the sidecar reads from the ranks' step files is what the rule judges."""
+    for rank in range(3):
+        own = 0.3 if rank == 1 else 0.1
+        lines = [
+            json.dumps(
+                {
+                    "ts": 1e9 + i,
+                    "rank": rank,
+                    "step": i + 1,
+                    "step_seconds": 0.35,
+                    "comm_seconds": 0.35 - own,
+                    "data_wait_seconds": 0.001,
+                }
+            )
+            for i in range(15)
+        ]
+        (tmp_path / f"steps-{rank}.jsonl").write_text("\n".join(lines) + "\n")
+    reader = TaskReader(str(tmp_path), None, 3, uid=os.getuid())
+    assert reader.read(now=1e9 + 20) is not None
+    assert sorted(reader.rank_steps()) == [0, 1, 2]
+    assert [s.rank for s in rank_stragglers(reader.rank_steps())] == [1]

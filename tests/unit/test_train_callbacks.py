@@ -48,16 +48,26 @@ def test_hugging_face_trainer_reports_each_optimizer_step(tmp_path: Path, job_di
     transformers = pytest.importorskip("transformers", reason="transformers not installed")
     from slurmhealth.train.hf import SlurmhealthCallback
 
-    data = [{"input_ids": torch.arange(i, i + 16) % 50, "labels": torch.arange(16) % 50}
-            for i in range(32)]
+    data = [
+        {"input_ids": torch.arange(i, i + 16) % 50, "labels": torch.arange(16) % 50}
+        for i in range(32)
+    ]
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2,
-        gradient_accumulation_steps=3, report_to=[], use_cpu=True, save_strategy="no",
-        logging_strategy="no", include_num_input_tokens_seen=True, disable_tqdm=True,
+        output_dir=str(tmp_path / "out"),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=3,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
+        include_num_input_tokens_seen=True,
+        disable_tqdm=True,
     )
     callback = SlurmhealthCallback(flops_per_token=100.0)
-    trainer = transformers.Trainer(model=TinyLM(), args=args, train_dataset=data,
-                                   callbacks=[callback])
+    trainer = transformers.Trainer(
+        model=TinyLM(), args=args, train_dataset=data, callbacks=[callback]
+    )
     trainer.train()
     got = steps(job_dir)
     assert [s["step"] for s in got] == [1, 2, 3, 4]
@@ -73,15 +83,25 @@ def test_hugging_face_tokens_from_tokens_per_sample(tmp_path: Path, job_dir: Pat
 
     data = [{"input_ids": torch.arange(8) % 50, "labels": torch.arange(8) % 50}] * 8
     args = transformers.TrainingArguments(
-        output_dir=str(tmp_path / "out"), max_steps=2, per_device_train_batch_size=4,
-        report_to=[], use_cpu=True, save_strategy="no", logging_strategy="no",
+        output_dir=str(tmp_path / "out"),
+        max_steps=2,
+        per_device_train_batch_size=4,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        logging_strategy="no",
         disable_tqdm=True,
     )
-    trainer = transformers.Trainer(model=TinyLM(), args=args, train_dataset=data,
-                                   callbacks=[SlurmhealthCallback(tokens_per_sample=8)])
+    trainer = transformers.Trainer(
+        model=TinyLM(),
+        args=args,
+        train_dataset=data,
+        callbacks=[SlurmhealthCallback(tokens_per_sample=8)],
+    )
     trainer.train()
     assert [(s["step"], s["samples"], s["tokens"]) for s in steps(job_dir)] == [
-        (1, 4, 32), (2, 4, 32)
+        (1, 4, 32),
+        (2, 4, 32),
     ]
 
 
@@ -104,8 +124,14 @@ def test_lightning_trainer_reports_each_batch(tmp_path: Path, job_dir: Path) -> 
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     callback = SlurmhealthCallback(flops_per_token=10.0)
     trainer = pl.Trainer(
-        max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
         callbacks=[callback],
     )
     trainer.fit(Module(), loader)

@@ -114,13 +114,35 @@ def run_ddp(tmp_path: Path, *extra: str, steps: int = 16) -> dict[int, list[Step
     tmp_path.mkdir(parents=True, exist_ok=True)
     port, procs = free_port(), []
     for rank in (0, 1):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                   SLURMHEALTH_JOB_DIR=str(tmp_path), PYTHONPATH=str(ROOT))
-        cmd = [sys.executable, str(SCRIPT), "--steps", str(steps), "--dim", "32", "--seq",
-               "16", "--vocab", "100", *extra]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            LOCAL_RANK=str(rank),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            OMP_NUM_THREADS="1",
+            SLURMHEALTH_JOB_DIR=str(tmp_path),
+            PYTHONPATH=str(ROOT),
+        )
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            "--steps",
+            str(steps),
+            "--dim",
+            "32",
+            "--seq",
+            "16",
+            "--vocab",
+            "100",
+            *extra,
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+        )
     for p in procs:
         out, _ = p.communicate(timeout=240)
         assert p.returncode == 0, out
