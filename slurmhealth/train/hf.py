@@ -21,7 +21,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from slurmhealth.train.timing import StepTimer
+from slurmhealth.train.timing import StepTimer, timer_for, tokens_from
 
 
 class SlurmhealthCallback(TrainerCallback):
@@ -32,9 +32,7 @@ class SlurmhealthCallback(TrainerCallback):
         timer: StepTimer | None = None,
     ) -> None:
         self.tokens_per_sample = tokens_per_sample
-        self.timer = timer or StepTimer(flops_per_token=flops_per_token)
-        if flops_per_token is not None:
-            self.timer.flops_per_token = flops_per_token
+        self.timer = timer_for(timer, flops_per_token)
         self._tokens_seen: int | None = None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -47,8 +45,7 @@ class SlurmhealthCallback(TrainerCallback):
         if samples is not None:
             samples *= accumulation
         tokens = self._tokens(args, state)
-        if tokens is None and samples is not None and self.tokens_per_sample:
-            tokens = samples * self.tokens_per_sample
+        tokens = tokens_from(tokens, samples, self.tokens_per_sample)
         step = _int(getattr(state, "global_step", None))
         self.timer.step(samples=samples, tokens=tokens, step=step)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from slurmhealth.train.timing import StepTimer, batch_size_of, tokens_of
+from slurmhealth.train.timing import StepTimer, batch_size_of, timer_for, tokens_from, tokens_of
 
 
 class SlurmhealthCallback(Callback):
@@ -31,9 +31,7 @@ class SlurmhealthCallback(Callback):
         measure_comm: bool = True,
     ) -> None:
         self.tokens_per_sample = tokens_per_sample
-        self.timer = timer or StepTimer(flops_per_token=flops_per_token)
-        if flops_per_token is not None:
-            self.timer.flops_per_token = flops_per_token
+        self.timer = timer_for(timer, flops_per_token)
         self.measure_comm = measure_comm
         self.hooked = False
 
@@ -47,8 +45,7 @@ class SlurmhealthCallback(Callback):
     ) -> None:
         samples = batch_size_of(batch)
         tokens = tokens_of(batch)
-        if tokens is None and samples is not None and self.tokens_per_sample:
-            tokens = samples * self.tokens_per_sample
+        tokens = tokens_from(tokens, samples, self.tokens_per_sample)
         self.timer.step(samples=samples, tokens=tokens)
 
 

@@ -156,6 +156,22 @@ class StepTimer:
                 sys.stderr.write(f"slurmhealth.train: communication timing off: {why}\n")
 
 
+def timer_for(timer: StepTimer | None, flops_per_token: float | None) -> StepTimer:
+    """The callbacks' timer: ``timer`` (with ``flops_per_token`` when given) or a new one."""
+    if timer is None:
+        return StepTimer(flops_per_token=flops_per_token)
+    if flops_per_token is not None:
+        timer.flops_per_token = flops_per_token
+    return timer
+
+
+def tokens_from(tokens: int | None, samples: int | None, per_sample: int | None) -> int | None:
+    """``tokens`` when known, else ``samples x per_sample`` when both are."""
+    if tokens is None and samples is not None and per_sample:
+        return samples * per_sample
+    return tokens
+
+
 def batch_size_of(batch: Any) -> int | None:
     """Samples in a batch as data loaders yield it: a tensor or array (its first dimension),
     a list/tuple (of its first element, or its length when the items are scalars), a
