@@ -224,6 +224,16 @@ class TaskReader:
             self._failed = True
             return None
 
+    def rank_steps(self) -> dict[int, list[StepRecord]]:
+        """Each rank's steps in the current window (as of the last :meth:`read`), keyed by
+        the rank its records name: the input of the task-level straggler rule
+        (:func:`slurmhealth.checks.rank_straggler.rank_stragglers`)."""
+        out: dict[int, list[StepRecord]] = {}
+        for tail in self._tails.values():
+            if tail.steps:
+                out.setdefault(tail.steps[-1].rank, []).extend(tail.steps)
+        return out
+
     def _read_dir(self) -> None:
         try:
             dir_fd = os.open(self.job_dir, os.O_RDONLY | os.O_DIRECTORY | _OPEN_FLAGS)
