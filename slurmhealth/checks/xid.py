@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from slurmhealth.checks import CheckContext, check, finding
-from slurmhealth.checks.xid_table import judge
 from slurmhealth.model import (
     Action,
     Finding,
@@ -29,6 +28,10 @@ from slurmhealth.model import (
     hint="see NVIDIA's Xid catalog for this Xid (slurmhealth xid N)",
 )
 def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    if not ctx.xids:  # the usual run: the catalog's module is never loaded
+        return []
+    from slurmhealth.checks.xid_table import judge
+
     by_bus = _gpus_by_bus(ctx.snapshot)
     grouped: dict[tuple[int, str], list[XidEvent]] = {}
     for event in ctx.xids:
@@ -78,6 +81,15 @@ def _cause(event: XidEvent, xids: Sequence[XidEvent]) -> int | None:
         return event.caused_by
     earlier = [x.xid for x in xids if x.pci_bus_id == event.pci_bus_id and x.xid != 45]
     return earlier[0] if earlier else None
+
+
+def _acting_buses(xids: Sequence[XidEvent]) -> set[str]:
+    """The buses with an Xid that takes the node out (the catalog is loaded only for Xids)."""
+    if not xids:
+        return set()
+    from slurmhealth.checks.xid_table import judge
+
+    return {x.pci_bus_id for x in xids if judge(x).acts}
 
 
 def _gpus_by_bus(snapshot: NodeSnapshot) -> dict[str, GpuState]:
@@ -159,7 +171,7 @@ _FAULTS: Mapping[tuple[str, str | None], tuple[Severity, Action, str, str]] = {
 )
 def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     by_bus = _gpus_by_bus(ctx.snapshot)
-    covered = {x.pci_bus_id for x in ctx.xids if judge(x).acts}  # an acting Xid says it all
+    covered = _acting_buses(ctx.xids)  # an acting Xid says it all
     grouped: dict[tuple[str, str | None, str | None, int | None], list[KernelEvent]] = {}
     # a line that names no GPU (the "*** GSP Timeout ***" banner, "None of the NVIDIA devices
     # were initialized") belongs to the report of a GPU the same read names for that fault

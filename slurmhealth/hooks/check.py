@@ -16,14 +16,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth.config import Config
-from slurmhealth.hooks.budget import DECISION_RESERVE_S, Budget, BudgetSpent, bound_db_wait
-from slurmhealth.model import Finding, GpuStatus, Job, NodeSnapshot, Severity
+from slurmhealth.model import Finding, GpuStatus, NodeSnapshot, Severity
 
 if TYPE_CHECKING:
+    from slurmhealth.config import Config
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.history import Batch, History
+    from slurmhealth.hooks.budget import Budget
     from slurmhealth.kernel_log import ReadResult
+    from slurmhealth.model import Job
 
 log = logging.getLogger("slurmhealth.check")
 
@@ -319,6 +320,7 @@ def check_within(
     by it did not finish (a GPU too slow for the time left is not a hung GPU: slurmhealth
     never drains because it ran out of time itself)."""
     from slurmhealth.checks import validate_settings
+    from slurmhealth.hooks.budget import DECISION_RESERVE_S, bound_db_wait
 
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
     budget.enter("history read")
@@ -349,6 +351,7 @@ def _snapshot_within(
     """The job's GPUs, in the prolog shared with the node's other prologs
     (hooks/snapshot_cache.py; the epilog reads its own: it looks for what the job left);
     a read made here gets the snapshot timeout the budget still allows."""
+    from slurmhealth.hooks.budget import DECISION_RESERVE_S, BudgetSpent
     from slurmhealth.hooks.snapshot_cache import shared_snapshot
 
     cut: list[float] = []

@@ -24,34 +24,35 @@ from typing import NamedTuple, TypedDict
 
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 
-_XID_RE = re.compile(
+# Every pattern here is a string that `re` compiles (and caches) on first use: a process
+# whose log holds no line of a form (most prologs read no Xid at all) never pays for it.
+_XID = (
     r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-f]{1,8}:[0-9a-f]{1,2}:[0-9a-f]{1,2}(?:\.[0-7])?)"
     r"(?:\s+(?P<gi>GPU-I:[0-9a-z]{1,8})(?:\s+GPU-CI:[0-9a-z]{1,8})?)?\):\s*"
-    r"(?P<xid>[0-9]{1,5})(?![0-9])(?P<rest>.*)",
-    re.ASCII | re.IGNORECASE | re.DOTALL,
+    r"(?P<xid>[0-9]{1,5})(?![0-9])(?P<rest>.*)"
 )
-_PID_RE = re.compile(r"pid=(?P<v>'[^']*'|<[^>]*>|[^,\s]*)\s*,?\s*", re.ASCII)
-_NAME_RE = re.compile(r"name=(?P<v>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)", re.ASCII)
-# The driver's verdict fields, rare: strings that `re` compiles (and caches) on first use.
+_XID_FLAGS = re.ASCII | re.IGNORECASE | re.DOTALL
+_PID = r"pid=(?P<v>'[^']*'|<[^>]*>|[^,\s]*)\s*,?\s*"  # re.ASCII
+_NAME = r"name=(?P<v>'[^']*'|<[^>]*>|[^,]*?)\s*(?:,\s*|$)"  # re.ASCII
+# The driver's verdict fields, rare.
 _CONTAINED = r"(?<![A-Za-z])(?P<un>Un)?[Cc]ontained:"
 _RST = r"(?P<d>D-)?RST:\s*(?P<v>Yes|No)\b"
 _RECOVERY = r"recovery action changed from .{0,60}?\bto 0x([0-9a-f]{1,8})"
 _CAUSED = r"caused by previous Xid\s+([0-9]{1,5})\b"
 # /dev/kmsg: "prio,seq,usec,flags[,caller=..];text" then " KEY=value" dictionary lines.
-_KMSG_RE = re.compile(r"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20})(?:,[^;]*)?;(.*)", re.DOTALL)
+_KMSG = r"([0-9]{1,4}),([0-9]{1,20}),([0-9]{1,20})(?:,[^;]*)?;(.*)"  # re.DOTALL
 _KMSG_ESCAPE = r"\\x([0-9a-f]{2})"
 # dmesg / dmesg --raw / dmesg -x: "[12345.678901] text", "<6>[..] text", "kern  :err   : [..]".
-_DMESG_RE = re.compile(
-    r"(?:<[0-9]{1,4}>|[a-z]{1,8} *:[a-z]{1,8} *: )?\[\s*([0-9]{1,12})\.([0-9]{1,9})\] ?(.*)",
-    re.DOTALL,
+_DMESG = (  # re.DOTALL
+    r"(?:<[0-9]{1,4}>|[a-z]{1,8} *:[a-z]{1,8} *: )?\[\s*([0-9]{1,12})\.([0-9]{1,9})\] ?(.*)"
 )
 _MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
 _MON = "(?P<mon>" + "|".join(_MONTHS) + ")"
 _HMS = r"(?P<h>[0-9]{2}):(?P<mi>[0-9]{2}):(?P<s>[0-9]{2})"
 _FRAC = r"(?:[.,](?P<frac>[0-9]{1,9}))?"
 _HOST = r" \S+ kernel(?:\[[0-9]+\])?: "  # syslog / journal "host kernel: " (or "kernel[0]: ")
-# The wall-clock forms stay strings: `re` compiles (and caches) them on first use, so a
-# process that only reads /dev/kmsg never pays for them. All are matched with re.DOTALL.
+# The wall-clock forms: a process that only reads /dev/kmsg never compiles them. All are
+# matched with re.DOTALL.
 # dmesg -T / --ctime: "[Tue Dec  1 01:02:03 2026] text", local time.
 _CTIME = (
     r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) " + _MON + r" {1,2}(?P<d>[0-9]{1,2}) " + _HMS
@@ -65,7 +66,7 @@ _ISO = (
 # syslog / journal short and short-precise: "Dec  1 01:02:03 host kernel: text", local time.
 _SYSLOG = _MON + r" {1,2}(?P<d>[0-9]{1,2}) " + _HMS + _FRAC + _HOST + r"(?P<text>.*)"
 _UNIX = r"(?P<sec>[0-9]{9,11})\.(?P<frac>[0-9]{1,9})" + _HOST + r"(?P<text>.*)"
-_DICT_RE = re.compile(r"[ \t]+[A-Z_][A-Z0-9_]*=")
+_DICT = r"[ \t]+[A-Z_][A-Z0-9_]*="
 
 
 def might_be_fault(text: str) -> bool:
@@ -145,9 +146,9 @@ def split_line(line: str, *, now: float | None = None) -> LogLine:
     dictionary lines (`` KEY=value``) give empty text; kmsg escapes (``\\x0a``) are undone.
     """
     line = line.rstrip("\r\n")
-    if _DICT_RE.match(line):
+    if re.match(_DICT, line):
         return LogLine("")
-    m = _KMSG_RE.fullmatch(line)
+    m = re.fullmatch(_KMSG, line, re.DOTALL)
     if m is not None:
         text = m[4]
         if "\\x" in text:
@@ -157,7 +158,7 @@ def split_line(line: str, *, now: float | None = None) -> LogLine:
     stamped = _wall(line, now)
     if stamped is not None:
         wall, line = stamped
-    dm = _DMESG_RE.fullmatch(line)
+    dm = re.fullmatch(_DMESG, line, re.DOTALL)
     if dm is not None:
         usec = int(dm[1]) * 1_000_000 + int(dm[2].ljust(6, "0")[:6])
         return LogLine(dm[3], usec=usec, wall=wall)
@@ -230,19 +231,19 @@ def parse_xid(text: str, *, seq: int | None = None, ts: float | None = None) -> 
     and the driver's verdict fields (``Contained: SM (0x1). RST: No, D-RST: No``).
     """
     try:
-        m = _XID_RE.search(text)
+        m = re.search(_XID, text, _XID_FLAGS)
         if m is None:
             return None
         bus = normalize_pci_bus_id(m["bus"])
         rest = m["rest"].lstrip(" \t,")
         pid: int | None = None
         name: str | None = None
-        pm = _PID_RE.match(rest)
+        pm = re.match(_PID, rest, re.ASCII)
         if pm is not None:
             p = _unquote(pm["v"])
             pid = int(p) if p is not None and p.isascii() and p.isdigit() else None
             rest = rest[pm.end() :]
-            nm = _NAME_RE.match(rest)
+            nm = re.match(_NAME, rest, re.ASCII)
             if nm is not None:
                 name = _unquote(nm["v"])
                 rest = rest[nm.end() :]

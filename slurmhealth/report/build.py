@@ -21,7 +21,7 @@ import pwd
 import re
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from slurmhealth import access
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, stragglers
@@ -114,10 +114,7 @@ def build_report(
     summaries = src.summaries(cfg, job_id)
     job, owner, dbs, unreadable = src.scan(cfg, job_id, summaries)
     try:
-        where = [d.path for d in dbs] or read.history_paths(cfg)
-        private = not where and _private(cfg.db_path())
-        where = where or [f"{cfg.db_path()} ({'private' if private else 'missing'})"]
-        where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
+        where, private = _searched(cfg, job_id, dbs)
         if job is None and not summaries and not any(d.nodes for d in dbs):
             raise _not_found(cfg, job_id, where, private, unreadable, requester_uid, rights)
         for path, why in unreadable.items():
@@ -132,29 +129,62 @@ def build_report(
             job = replace(job, nodes=tuple(n.node for n in nodes))
         facts = Facts(job=job, nodes=tuple(nodes))
         diagnoses = diagnose(facts)
-        verdict_text = verdict(diagnoses, facts)
-        timeline = _timeline(facts)
-        failure = _failure_ts(timeline, job)
-        if window_s is not None and failure is not None:
-            timeline = [e for e in timeline if abs(e.ts - failure) <= window_s]
         incidents = src.past_incidents(dbs, job_id, facts)
     finally:
         for d in dbs:
             d.db.close()
+    read_from = _Read(tuple(sources), tuple(evidence), tuple(incidents), tuple(where))
+    return _assemble(cfg, job_id, facts, diagnoses, read_from, window_s, now)
+
+
+class _Read(NamedTuple):
+    """What :func:`build_report` read besides the facts."""
+
+    sources: tuple[tuple[str, str, str], ...]
+    evidence: tuple[NodeEvidence, ...]
+    incidents: tuple[PastIncident, ...]
+    searched: tuple[str, ...]
+
+
+def _searched(cfg: Config, job_id: str, dbs: list[src.OpenHistory]) -> tuple[list[str], bool]:
+    """Every path the report looks at, and whether the local history is there but private
+    (readable by the admins only)."""
+    where = [d.path for d in dbs] or read.history_paths(cfg)
+    private = not where and _private(cfg.db_path())
+    where = where or [f"{cfg.db_path()} ({'private' if private else 'missing'})"]
+    where.append(os.path.join(src.evidence_root(cfg, "*"), job_id))
+    return where, private
+
+
+def _assemble(
+    cfg: Config,
+    job_id: str,
+    facts: Facts,
+    diagnoses: list[Diagnosis],
+    read_from: _Read,
+    window_s: float | None,
+    now: float | None,
+) -> Report:
+    """The report of ``facts``: verdict, timeline (within ``window_s`` of the failure, when
+    both are known), stragglers and the incidents it matches."""
+    timeline = _timeline(facts)
+    failure = _failure_ts(timeline, facts.job)
+    if window_s is not None and failure is not None:
+        timeline = [e for e in timeline if abs(e.ts - failure) <= window_s]
     return Report(
-        job=job,
-        verdict=verdict_text,
+        job=facts.job,
+        verdict=verdict(diagnoses, facts),
         failure_ts=failure,
         window_s=window_s,
         generated_ts=time.time() if now is None else now,
         nodes=facts.nodes,
-        sources=tuple(sources),
+        sources=read_from.sources,
         timeline=tuple(timeline),
         stragglers=tuple(_stragglers(facts, cfg.sidecar.straggler_ratio)),
         diagnoses=tuple(diagnoses),
-        evidence=tuple(evidence),
-        past_incidents=tuple(incidents),
-        searched=tuple(where),
+        evidence=read_from.evidence,
+        past_incidents=read_from.incidents,
+        searched=read_from.searched,
         known_incidents=tuple(_known_incidents(cfg, job_id, facts)),
     )
 

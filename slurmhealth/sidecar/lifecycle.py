@@ -25,7 +25,7 @@ from slurmhealth.config import Config
 from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.export_state import write_atomic
 from slurmhealth.model import Job
-from slurmhealth.sidecar.run import SidecarFiles
+from slurmhealth.sidecar.files import SidecarFiles
 
 log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"

@@ -12,69 +12,25 @@ slurmctld is never asked).
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import signal
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
 from slurmhealth.history import Batch, History, rows
 from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
+from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.state import Event
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
     pass
 
 log = logging.getLogger("slurmhealth.sidecar")
-
-
-@dataclass(frozen=True)
-class SidecarFiles:
-    """Where a job's sidecar leaves traces on the node (all removed when it stops)."""
-
-    pid: str
-    export: str  # the job's series for the exporter (export_state)
-    job_dir: str
-    run_dir: str
-
-    @classmethod
-    def of(cls, cfg: Config, node: str, job_id: str) -> SidecarFiles:
-        from slurmhealth.export_state import state_path
-
-        run = cfg.expand(cfg.paths.run_dir, node)
-        return cls(
-            pid=os.path.join(run, f"sidecar-{job_id}.pid"),
-            export=state_path(run, job_id),
-            job_dir=os.path.join(run, "jobs", job_id),
-            run_dir=run,
-        )
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """``text`` into ``path`` whole or not at all; no temporary file left behind (a full
-    disk) and none followed (``O_EXCL`` never opens a planted symlink)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)  # left by an earlier process with our pid
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-    try:
-        try:
-            data = text.encode()
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, f"short write to {tmp}")
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def lifecycle_log() -> logging.Logger:
@@ -128,11 +84,11 @@ class Sidecar:
             return self._state
 
     def _announce(self) -> None:
-        _write_atomic(self.files.pid, f"{os.getpid()}\n")
+        write_atomic(self.files.pid, f"{os.getpid()}\n")
         mapping = self.cfg.sidecar.dcgm_job_mapping_dir
         if mapping:  # dcgm-exporter's HPC job mapping: a file per GPU index with the job id
             for gpu in self.gpus:
-                _write_atomic(os.path.join(self.cfg.expand(mapping, self.node), str(gpu)),
+                write_atomic(os.path.join(self.cfg.expand(mapping, self.node), str(gpu)),
                               f"{self.labels.job_id}\n")  # fmt: skip
 
     def _publish(self) -> None:

@@ -183,7 +183,7 @@ def test_the_prolog_starts_and_the_epilog_stops_without_the_prometheus_client() 
         "import sys\n"
         "from slurmhealth.config import Config\n"
         "from slurmhealth.sidecar.lifecycle import stop_sidecar\n"
-        "from slurmhealth.sidecar.run import SidecarFiles\n"
+        "from slurmhealth.sidecar.files import SidecarFiles\n"
         "SidecarFiles.of(Config(), 'n1', '5')\n"
         "assert 'prometheus_client' not in sys.modules, 'loaded'\n"
     )
