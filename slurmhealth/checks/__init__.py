@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.errors import ConfigError
 from slurmhealth.model import (
@@ -22,7 +22,9 @@ from slurmhealth.model import (
     Severity,
     XidEvent,
 )
-from slurmhealth.rdma.model import RdmaExpect, RdmaSnapshot
+
+if TYPE_CHECKING:  # the RDMA model loads only where the devices were read
+    from slurmhealth.rdma.model import RdmaExpect, RdmaSnapshot
 
 PHASES = ("check", "prolog", "epilog", "healthcheck", "validate", "sidecar")
 """Where checks run: ``slurmhealth check`` by hand (a job may be running beside it), the
@@ -51,7 +53,7 @@ class CheckContext:
     xids: tuple[XidEvent, ...] = ()
     kernel_events: tuple[KernelEvent, ...] = ()  # kernel-log faults other than Xids
     rdma: RdmaSnapshot | None = None  # the node's HCAs (slurmhealth.rdma); None = not read
-    rdma_expect: RdmaExpect = field(default_factory=RdmaExpect)  # config [rdma]
+    rdma_expect: RdmaExpect | None = None  # config [rdma]; None = nothing expected
 
     @functools.cached_property
     def counters(self) -> dict[str, dict[str, int]]:

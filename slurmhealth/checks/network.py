@@ -13,21 +13,32 @@ which key events by GPU, do not map them yet.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.checks import CheckContext, check, finding
 from slurmhealth.checks.counters import RATE_THRESHOLDS as RATE
 from slurmhealth.checks.counters import Growth, growth, rings_of
 from slurmhealth.model import Action, Finding, Severity, normalize_pci_bus_id
-from slurmhealth.rdma.model import ERROR_COUNTERS, Hca, IbPort, RdmaSnapshot, gpus_near
+
+if TYPE_CHECKING:  # loaded only on a node whose RDMA devices were read
+    from slurmhealth.rdma.model import Hca, IbPort, RdmaExpect, RdmaSnapshot
 
 COUNTER_KEY = "ib:{port}"
 """The key of a port's counters in the counter history (next to the GPUs' UUIDs): e.g.
 ``ib:mlx5_1/1``, so :func:`slurmhealth.checks.counters.remember` keeps both."""
 
 
+def _expect(ctx: CheckContext) -> RdmaExpect:
+    """What ``[rdma]`` asks of the node (nothing when the caller gave no expectations)."""
+    from slurmhealth.rdma.model import RdmaExpect
+
+    return ctx.rdma_expect if ctx.rdma_expect is not None else RdmaExpect()
+
+
 def rdma_counters_of(rdma: RdmaSnapshot | None) -> dict[str, dict[str, int]]:
     """Each port's error counters for the counter history, keyed ``ib:<hca>/<port>``."""
+    from slurmhealth.rdma.model import ERROR_COUNTERS
+
     out: dict[str, dict[str, int]] = {}
     for p in rdma.ports() if rdma is not None else ():
         values = {k: v for k, v in p.counters.items() if k in ERROR_COUNTERS}
@@ -40,12 +51,14 @@ def _ports(ctx: CheckContext) -> list[tuple[Hca, IbPort]]:
     """The judged ports (``[rdma] devices`` / ``link_layer``) with their HCA."""
     if ctx.rdma is None:
         return []
-    return [(h, p) for h in ctx.rdma.hcas for p in h.ports if ctx.rdma_expect.judged(p)]
+    return [(h, p) for h in ctx.rdma.hcas for p in h.ports if _expect(ctx).judged(p)]
 
 
 def _near(ctx: CheckContext, hca: Hca) -> tuple[list[int], list[str]]:
     """The GPUs behind the same PCIe switch as ``hca``: indices of those the GPU snapshot
     knows, and the PCI bus ids of all of them."""
+    from slurmhealth.rdma.model import gpus_near
+
     buses = list(gpus_near(hca, ctx.rdma.gpus)) if ctx.rdma is not None else []
     index: dict[str, int] = {}
     for g in ctx.snapshot.gpus:
@@ -107,7 +120,7 @@ def ib_port_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         state = f"{p.state_name or '?'}/{p.phys_state_name or '?'}"
         # an unnamed fabric: a port down may be one nobody cabled (the second port of a
         # dual-port card, a management port): recorded, never drained on
-        named = bool(ctx.rdma_expect.devices)
+        named = bool(_expect(ctx).devices)
         out.append(
             _port_finding(
                 ctx,
@@ -136,7 +149,9 @@ def ib_port_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     "replace the cable",
 )
 def ib_rate(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
-    expected = ctx.rdma_expect.rate_gbps
+    if ctx.rdma is None:
+        return []
+    expected = _expect(ctx).rate_gbps
     out = []
     for hca, p in _ports(ctx) if expected > 0 else ():
         if p.rate is None or p.active is False or p.rate.gbps >= expected:
@@ -167,13 +182,12 @@ def ib_rate(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     "driver (dmesg), the card's seating and firmware; reboot",
 )
 def ib_hca_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
-    want = ctx.rdma_expect.hca_count
-    if ctx.rdma is None or want <= 0:
+    if ctx.rdma is None or (want := _expect(ctx).hca_count) <= 0:
         return []
     if ctx.rdma.error:  # the read failed: unknown, not missing (fail open, loudly)
         text = f"RDMA devices unreadable: {ctx.rdma.error}"
         return [finding("ib_hca_count", Severity.WARN, None, text, action=Action.RECORD)]
-    named = {d.split("/")[0] for d in ctx.rdma_expect.devices}
+    named = {d.split("/")[0] for d in _expect(ctx).devices}
     present = [h.name for h in ctx.rdma.hcas if not named or h.name in named]
     if len(present) >= want:
         return []
@@ -298,7 +312,7 @@ def _errors_finding(
     "slower): `modprobe nvidia_peermem` and make it load at boot",
 )
 def gpudirect(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
-    if ctx.rdma is None or not ctx.rdma_expect.gpudirect or ctx.rdma.peermem_loaded is not False:
+    if ctx.rdma is None or not _expect(ctx).gpudirect or ctx.rdma.peermem_loaded is not False:
         return []
     return [
         finding(
