@@ -66,12 +66,14 @@ def duration(seconds: float) -> str:
 
 
 def _idle_line(u: NodeUse) -> str:
-    mean = u.util_mean or 0.0
+    """``GPUs 0-7 on n1 averaged 0% utilisation: the job did not use its GPUs``."""
+    gpus = f"{where_gpus(None, u.idle_gpus)} on {u.node}"
     if len(u.idle_gpus) == len(u.gpus):
-        return (f"{where_gpus(u.node, u.idle_gpus)} averaged {mean:.0f}% utilisation: "
-                "the job did not use its GPUs")  # fmt: skip
-    return (f"{where_gpus(u.node, u.idle_gpus)} averaged under {IDLE_PCT:.0f}% utilisation: "
-            f"idle while the node's other GPUs worked")  # fmt: skip
+        return (
+            f"{gpus} averaged {u.util_mean or 0.0:.0f}% utilisation: the job did not use its GPUs"
+        )
+    return (f"{gpus} averaged under {IDLE_PCT:.0f}% utilisation: idle while the node's "
+            "other GPUs worked")  # fmt: skip
 
 
 def _mem_line(uses: Sequence[NodeUse]) -> str | None:

@@ -97,7 +97,7 @@ def _head(report: Report) -> list[str]:
         *_answer(report),
         f'<p class="jobline" id="job-facts">{facts}</p>',
     ]
-    if report.failure_ts is not None:
+    if layout.failure_shown(report) is not None:
         out.append(
             f'<p class="jobline">Failure at {layout.utc(report.failure_ts)}'
             + (f" (timeline within &plusmn;{report.window_s:g} s)" if report.window_s else "")

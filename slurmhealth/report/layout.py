@@ -199,3 +199,10 @@ def odd_gpus(report: Report) -> set[tuple[str, int]]:
     """(node, GPU) pairs that misbehaved: a diagnosis, a straggler or an Xid points at them."""
     odd = {(s.node, s.gpu) for s in report.stragglers} | set(xids_by_gpu(report))
     return odd | {(d.node, d.gpu) for d in report.diagnoses if d.node and d.gpu is not None}
+
+
+def failure_shown(report: Report) -> float | None:
+    """The failure time worth a line: a fail or critical entry's, not a healthy job's end."""
+    ts = report.failure_ts
+    bad = any(e.ts == ts and e.severity in ("fail", "critical") for e in report.timeline)
+    return ts if bad else None

@@ -19,6 +19,7 @@ from slurmhealth.report.layout import (
     TIMELINE_COLUMNS,
     bundle_text,
     evidence_dir,
+    failure_shown,
     fault_text,
     gpu_columns,
     gpu_row,
@@ -115,7 +116,7 @@ def _md_answer(report: Report) -> list[str]:
         lines += ["", f"**What you should do:** {a.user_action}", "",
                   f"**What the admins should do:** {a.admin_action}"]  # fmt: skip
         lines += ["", *(f"- already done: {d}" for d in a.admin_done)] if a.admin_done else []
-    if report.failure_ts is not None:
+    if failure_shown(report) is not None:
         lines += [
             "",
             f"Failure at {utc(report.failure_ts)}"
