@@ -31,6 +31,7 @@ def samples(node: str, job: str, t0: float, n: int, step: float, util: float) ->
 
 
 def config(tmp: Path) -> Config:
+    tmp.mkdir(parents=True, exist_ok=True)
     dbs, evidence = tmp / "db", tmp / "evidence"
     (tmp / "config.toml").write_text(
         f'[node]\nname = "n1"\n[paths]\ndb = "{dbs}/{{node}}.db"\nevidence_dir = "{evidence}"\n'
