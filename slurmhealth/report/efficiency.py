@@ -85,7 +85,7 @@ def _mem_line(uses: Sequence[NodeUse]) -> str | None:
     text = f"GPU memory: peak {peak / GIB:.1f} GiB on one GPU"
     if total:
         return text + f" of {total / GIB:.1f} GiB ({peak / total:.0%})"
-    return text + " (the GPUs' total is not recorded)"
+    return text
 
 
 def _time_line(elapsed: float | None, limit: float | None) -> str | None:

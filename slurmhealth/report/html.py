@@ -118,8 +118,8 @@ def _efficiency(report: Report) -> list[str]:
     return out
 
 
-def _group(g: DiagnosisGroup) -> str:
-    """One line per cause; its texts and evidence folded under it."""
+def _group(g: DiagnosisGroup, first: bool = False) -> str:
+    """One line per cause; its texts and evidence folded under it (the first one open)."""
     d = g.diagnoses[0]
     cites = "".join(
         f"<li>{escape(c.kind)}: {escape(c.text)}"
@@ -129,7 +129,8 @@ def _group(g: DiagnosisGroup) -> str:
         for c in d.citations[:10]
     )
     return (
-        f'<details class="diagnosis sev-{escape(g.severity)}" data-rule="{escape(g.rule)}">'
+        f'<details class="diagnosis sev-{escape(g.severity)}" data-rule="{escape(g.rule)}"'
+        f"{' open' if first else ''}>"
         f"<summary>{escape(g.line)} ({escape(g.severity)}, {escape(g.fault_class)}, "
         f"{d.confidence:.0%})</summary><ul>"
         f"<li>root cause: {escape(d.root_cause)}</li><li>verify: {escape(d.verify)}</li>"
@@ -139,7 +140,8 @@ def _group(g: DiagnosisGroup) -> str:
 
 
 def _diagnoses(report: Report) -> list[str]:
-    out = ['<h2 id="diagnoses">Diagnoses</h2>', *map(_group, report.groups)]
+    out = ['<h2 id="diagnoses">Diagnoses</h2>']
+    out += [_group(g, n == 0) for n, g in enumerate(report.groups)]
     return out if report.groups else [*out, "<p>No diagnosis matched.</p>"]
 
 
