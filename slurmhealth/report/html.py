@@ -39,7 +39,7 @@ font-size:13px;padding:0}
 .grid{stroke:#eee;stroke-width:1}.failure{stroke:#c00;stroke-dasharray:4 3}
 .gpu-line{fill:none}
 .legend span{display:inline-block;margin-right:.8em;font-size:12px}
-details{margin:.3em 0}summary{cursor:pointer}code{font-size:12px}
+details{margin:.3em 0}summary{cursor:pointer}code{font-size:12px}.diagnosis ul{color:#222}
 """
 
 
@@ -126,7 +126,7 @@ def _group(g: DiagnosisGroup, first: bool = False) -> str:
         + (f" <code>{escape(c.ref)}</code>" if c.ref else "")
         + (f" at {layout.utc(c.ts)}" if c.ts is not None else "")
         + "</li>"
-        for c in d.citations[:10]
+        for c in d.citations[:5]
     )
     return (
         f'<details class="diagnosis sev-{escape(g.severity)}" data-rule="{escape(g.rule)}"'
