@@ -33,6 +33,12 @@ def parse_window(text: str | None) -> float | None:
     metavar="DURATION",
     help="Only timeline entries this close to the failure (10m, 600, 2h).",
 )
+@click.option(
+    "--timeline",
+    "full_timeline",
+    is_flag=True,
+    help="Show every timeline entry (default: what matters, repeats merged).",
+)
 @json_option
 @click.option("--markdown", "as_markdown", is_flag=True, help="Print Markdown.")
 @click.option(
@@ -47,12 +53,14 @@ def report(
     ctx: Ctx,
     job_id: str,
     window: str | None,
+    full_timeline: bool,
     as_json: bool,
     as_markdown: bool,
     html_file: str | None,
 ) -> None:
-    """What happened to JOBID, where and when (UTC) across all its nodes, the most likely
-    root cause, how to verify it and where the evidence is.
+    """What happened to JOBID and whose fault it was (hardware, system, application), what
+    you and the admins should do, how well the job used its GPUs, then the diagnoses, the
+    timeline (UTC) across all its nodes and where the evidence is.
 
     Reads every node history the config reaches and the shared evidence dir's summaries.
     Users may read their own jobs; root and the admin group of the root-owned system config
@@ -75,7 +83,7 @@ def report(
     elif as_markdown:
         from slurmhealth.report.render import to_markdown
 
-        click.echo(to_markdown(result), nl=False)
+        click.echo(to_markdown(result, full_timeline), nl=False)
     elif html_file is not None:
         from slurmhealth.report.html import to_html
 
@@ -86,7 +94,7 @@ def report(
         from slurmhealth.cli.render import console
         from slurmhealth.report.render import print_report
 
-        print_report(result, console())
+        print_report(result, console(), full_timeline)
 
 
 def _check_writable(path: str) -> None:

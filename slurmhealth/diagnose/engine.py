@@ -36,7 +36,10 @@ from slurmhealth.diagnose.rules import (  # re-exported: the engine's public nam
 )
 from slurmhealth.model import Severity
 
-__all__ = ["LOG_TAIL_LINES", "MAX_CITATIONS", "Rule", "diagnose", "fill", "load_rules", "verdict"]
+__all__ = [
+    "LOG_TAIL_LINES", "MAX_CITATIONS", "Rule", "diagnose", "fill", "headline", "load_rules",
+    "verdict",
+]  # fmt: skip
 
 # -- diagnosis ----------------------------------------------------------------------------------
 
@@ -119,17 +122,23 @@ def _diagnosis(g: _Group, job: JobFacts) -> Diagnosis:
         level = max(level, *(h.severity for h in g.hits))
     found = dict.fromkeys(sorted(dict.fromkeys(h[:6] for h in g.hits), key=_by_ts))
     cites = [c for c in dict.fromkeys(h[:6] for h in g.cites) if c not in found]
+    stamps = [c[4] for c in found if c[4] is not None]
     return Diagnosis(
         rule=rule.name,
         title=rule.title,
         severity=Severity(level).label,
         root_cause=fill(rule.root_cause, values),
         verify=fill(rule.verify, values),
-        action=fill(rule.action, values),
+        admin_action=fill(rule.admin_action, values),
         confidence=rule.confidence,
         node=g.node,
         gpu=g.gpu,
         citations=tuple(Citation(*c) for c in [*found, *cites][:MAX_CITATIONS]),
+        fault_class=rule.fault_class,
+        user_action=fill(rule.user_action, values),
+        count=len(found),
+        first_ts=min(stamps, default=None),
+        last_ts=max(stamps, default=None),
     )
 
 
@@ -159,6 +168,18 @@ def _clock(ts: float) -> str:
         return ""
 
 
+def headline(
+    diagnoses: Sequence[Diagnosis], rules: Sequence[Rule] | None = None
+) -> Diagnosis | None:
+    """The diagnosis the verdict names: the most severe, except that a rule with
+    ``suppressed_by`` that held (nothing that severe matched) comes first."""
+    if not diagnoses:
+        return None
+    by_name = {r.name: r for r in (default_rules() if rules is None else rules)}
+    held = [d for d in diagnoses if d.rule in by_name and by_name[d.rule].suppressed_by]
+    return min(held or diagnoses, key=_order)
+
+
 def verdict(
     diagnoses: Sequence[Diagnosis], facts: Facts, rules: Sequence[Rule] | None = None
 ) -> str:
@@ -168,12 +189,10 @@ def verdict(
     The headline is the most severe diagnosis, except that a rule with ``suppressed_by`` that
     held (nothing that severe matched: the failure is the application's) comes first.
     """
-    if not diagnoses:
+    top = headline(diagnoses, rules)
+    if top is None:
         return "no problem found"
-    by_name = {r.name: r for r in (default_rules() if rules is None else rules)}
-    held = [d for d in diagnoses if d.rule in by_name and by_name[d.rule].suppressed_by]
-    top = min(held or diagnoses, key=_order)
-    rule = by_name.get(top.rule)
+    rule = {r.name: r for r in (default_rules() if rules is None else rules)}.get(top.rule)
     group = _match(facts, [rule]).get((top.rule, top.node, top.gpu)) if rule else None
     values = _values(top.node, top.gpu, group.hits + group.cites if group else [], facts.job)
     stamps = [c.ts for c in top.citations if c.ts is not None]

@@ -28,6 +28,7 @@ class JobFacts:
     end_ts: float | None = None
     state: str = ""  # running | completed | failed | ...
     exit_code: str | None = None  # "exit:signal", e.g. "3:0", "0:9"
+    time_limit_s: float | None = None  # what the job asked for (sbatch --time), when known
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class GpuStats:
     util_max: float | None = None
     util_swings: int = 0  # times utilisation crossed 10% <-> 90% (oscillation)
     mem_peak_bytes: int | None = None
+    mem_total_bytes: int | None = None  # the GPU's framebuffer, when a source knows it
     power_mean_w: float | None = None
     temp_max_c: float | None = None
     margin_min_c: float | None = None
@@ -131,18 +133,29 @@ class Citation:
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """A matched rule: the likely root cause, how to verify it and what to do."""
+    """A matched rule: the likely root cause, how to verify it, whose fault it is and what
+    the job's owner and the admins do next."""
 
     rule: str
     title: str
     severity: str  # info | warn | fail | critical
     root_cause: str
     verify: str
-    action: str
+    admin_action: str
     confidence: float = 0.5  # 0-1
     node: str | None = None
     gpu: int | None = None
     citations: tuple[Citation, ...] = ()
+    fault_class: str = "unknown"  # hardware | system | application | unknown
+    user_action: str = ""
+    count: int = 0  # rows, samples and log lines that matched (citations keep the first few)
+    first_ts: float | None = None  # the earliest and latest matched time, UTC s
+    last_ts: float | None = None
+
+    @property
+    def action(self) -> str:
+        """The admins' action (the name it had before user actions existed)."""
+        return self.admin_action
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

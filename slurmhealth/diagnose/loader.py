@@ -22,6 +22,7 @@ from slurmhealth.diagnose.facts import GpuStats, TaskFacts
 from slurmhealth.diagnose.rules import (
     AGG,
     COMPARE,
+    FAULT_CLASSES,
     MATCHERS,
     Fn,
     Hit,
@@ -38,6 +39,7 @@ _CHOICES: Mapping[str, frozenset[str]] = {
     "gpu_field": frozenset(f.name for f in fields(GpuStats)) - {"gpu", "uuid", "series"},
     "task_field": frozenset(f.name for f in fields(TaskFacts)) | {"throughput_ratio"},
     "agg": frozenset(AGG),
+    "fault": FAULT_CLASSES,
 }
 _CMP = {k: "num" for k in COMPARE}
 # fmt: off
@@ -52,7 +54,8 @@ _SCHEMA: Mapping[str, Mapping[str, str]] = {
     "job": {"state": "names", "exit_nonzero": "bool", "signal": "ints", "nodes_at_most": "num"},
     "log": {"source!": "text", "pattern": "regex"},
     "rule": {"name!": "name", "title!": "text", "severity!": "sev", "root_cause!": "text",
-             "verify!": "text", "action!": "text", "confidence!": "ratio", "when!": "matcher",
+             "verify!": "text", "fault_class!": "fault", "user_action!": "text",
+             "admin_action": "text", "action": "text", "confidence!": "ratio", "when!": "matcher",
              "cite": "matchers", "suppressed_by": "sev", "escalate": "bool", "verdict": "text"},
 }
 _NEEDS_ONE = {"gpu_stat": (*COMPARE, "below_peer_ratio", "straggler"), "task": tuple(COMPARE),
@@ -201,6 +204,9 @@ def load_rules(path: str | PathLike[str] | None = None) -> list[Rule]:
         o = _options(spec, f"rule[{i}]", src, _SCHEMA["rule"])
         if any(r.name == o["name"] for r in rules):
             raise ConfigError(src, f"rule[{i}].name", f"duplicate rule name {o['name']!r}")
+        if ("admin_action" in o) == ("action" in o):  # `action`: the older name
+            raise ConfigError(src, f"rule[{i}].admin_action", "needs one of admin_action, action")
+        o["admin_action"] = o.pop("admin_action", None) or o.pop("action")
         sup = o.pop("suppressed_by", None)
         o["severity"] = Severity(o["severity"]).label
         rules.append(Rule(**o, suppressed_by=None if sup is None else Severity(sup).label))

@@ -29,6 +29,7 @@ from slurmhealth.model import Severity
 MAX_CITATIONS = 25  # per diagnosis: the earliest matches first, then the cited tails
 LOG_TAIL_LINES = 5  # lines cited from a log matched without a pattern
 MAX_TEXT = 300  # characters of a cited message or log line
+FAULT_CLASSES = frozenset({"hardware", "system", "application", "unknown"})
 DRAINED_STATES = frozenset({"drained", "already", "held"})  # drains rows: node left drained
 # fmt: off
 COMPARE: Mapping[str, Callable[[float, float], bool]] = {
@@ -68,7 +69,9 @@ class Rule:
     severity: str
     root_cause: str
     verify: str
-    action: str
+    fault_class: str  # hardware | system | application | unknown
+    user_action: str
+    admin_action: str
     confidence: float
     when: Matcher = field(compare=False, repr=False)
     cite: tuple[Matcher, ...] = field(default=(), compare=False, repr=False)

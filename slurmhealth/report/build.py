@@ -31,6 +31,8 @@ from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import StoreError, UsageError
 from slurmhealth.history import read
 from slurmhealth.report import sources as src
+from slurmhealth.report.answer import Answer, DiagnosisGroup, answer, group_diagnoses
+from slurmhealth.report.efficiency import Efficiency, TimelineEntry, collapse, efficiency
 from slurmhealth.report.incidents import Incident
 from slurmhealth.report.sources import NodeEvidence, PastIncident
 
@@ -40,16 +42,6 @@ PermissionDenied = access.AccessDenied  # the requester may not read the job (ex
 SCHEMA = "slurmhealth.report/1"
 BAD = ("fail", "critical")
 _JOB_ID = re.compile(r"[0-9]+(?:[_+][0-9]+)?")
-
-
-@dataclass(frozen=True)
-class TimelineEntry:
-    ts: float
-    node: str | None
-    gpu: int | None
-    kind: str  # job | run | finding | event | drain | task
-    severity: str  # ok | info | warn | fail | critical
-    text: str
 
 
 @dataclass(frozen=True)
@@ -79,6 +71,10 @@ class Report:
     searched: tuple[str, ...]  # every path looked at
     # the knowledge base (`slurmhealth incident add`): (why, incident), linked first
     known_incidents: tuple[tuple[str, Incident], ...] = ()
+    answer: Answer | None = None  # verdict, whose fault, next steps
+    efficiency: Efficiency | None = None
+    groups: tuple[DiagnosisGroup, ...] = ()  # the diagnoses, one per rule and node
+    moments: tuple[TimelineEntry, ...] = ()  # the timeline collapsed to what matters
 
     @property
     def facts(self) -> Facts:
@@ -186,6 +182,10 @@ def _assemble(
         past_incidents=read_from.incidents,
         searched=read_from.searched,
         known_incidents=tuple(_known_incidents(cfg, job_id, facts)),
+        answer=answer(verdict_text, diagnoses, facts),
+        efficiency=efficiency(facts),
+        groups=tuple(group_diagnoses(diagnoses)),
+        moments=tuple(collapse(timeline)),
     )
 
 

@@ -117,6 +117,7 @@ CASES: dict[str, Facts] = {
         state="failed",
         exit_code="0:9",
     ),
+    "idle_gpus": facts(node(gpus=gpus(util=0.0))),
     "application_error": facts(
         node(logs={"stderr": "Traceback (most recent call last):\nValueError: bad shape"}),
         state="failed",
@@ -391,6 +392,7 @@ def test_custom_rules(tmp_path: Path) -> None:
     path.write_text(
         '[[rule]]\nname = "hot"\ntitle = "Hot"\nseverity = "warn"\n'
         'root_cause = "{field} on {where}"\nverify = "v"\naction = "a"\nconfidence = 0.4\n'
+        'fault_class = "system"\nuser_action = "u"\n'
         'when = { gpu_stat = { field = "temp_max_c", agg = "max", above = 85 },'
         ' not = { event = { kind = ["throttle"] } } }\n'
     )

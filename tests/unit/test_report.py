@@ -180,6 +180,10 @@ def write(
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Path:
+    return make_cluster(tmp_path)
+
+
+def make_cluster(tmp_path: Path) -> Path:
     """Job 42 (root's) on n[1-3]: Xid 79 on n2 GPU 5 mid-job, n2 drained by the epilog;
     job 43 (nobody's) on n1; older jobs 17/18 with incidents on n2 GPU 5 / Xid 79."""
     dbs, evidence = tmp_path / "db", tmp_path / "evidence"
