@@ -167,9 +167,10 @@ def _assemble(
     failure = _failure_ts(timeline, facts.job)
     if window_s is not None and failure is not None:
         timeline = [e for e in timeline if abs(e.ts - failure) <= window_s]
+    verdict_text = verdict(diagnoses, facts)
     return Report(
         job=facts.job,
-        verdict=verdict(diagnoses, facts),
+        verdict=verdict_text,
         failure_ts=failure,
         window_s=window_s,
         generated_ts=time.time() if now is None else now,
