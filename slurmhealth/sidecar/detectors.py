@@ -61,6 +61,7 @@ KINDS: Mapping[str, Severity] = {
     "row_remap": Severity.FAIL,
     "hang": Severity.CRITICAL,
     "straggler": Severity.WARN,
+    "rank_straggler": Severity.WARN,  # a training rank the others wait for (task level)
     "throughput_drop": Severity.WARN,
     "step_stall": Severity.FAIL,
 }
@@ -354,6 +355,21 @@ class Detectors:
                 self._emit(last + limit, "step_stall", msg, None, **ev, seconds_since_step=since)
         else:
             self._edge("step_stall", None, False)
+        return self._take()
+
+    def observe_ranks(self, steps: Mapping[int, Sequence[Any]], now: float) -> list[Event]:
+        """``rank_straggler``: a rank of this node whose own work per step (step time minus
+        communication) is above its peers' (checks/rank_straggler.py); once per rank while
+        it lasts."""
+        from slurmhealth.checks.rank_straggler import rank_stragglers
+
+        slow = {s.rank: s for s in rank_stragglers(steps)}
+        for rank in steps:
+            s = slow.get(rank)
+            if self._edge("rank_straggler", rank, s is not None) and s is not None:
+                self._emit(now, "rank_straggler", s.text, None, rank=rank, cause=s.cause,
+                           own_seconds=round(s.own_seconds, 6), steps=s.steps,
+                           peers_seconds=round(s.peers_median, 6))  # fmt: skip
         return self._take()
 
     def _throughput_drop(self, stats: TaskStats, now: float) -> None:

@@ -234,8 +234,9 @@ class Sidecar:
                     model = next((g.name for g in snapshot.gpus if g.name), None)
                     task = TaskReader(self.files.job_dir, peak_flops(model), len(self.gpus))
                 stats = task.read(time.time()) if task else None
-                if stats is not None:
+                if stats is not None and task is not None:
                     events += detectors.observe_task(stats, time.time())
+                    events += detectors.observe_ranks(task.rank_steps(), time.time())
                 self._record_events(events)
                 if any(e.kind in ("hang", "step_stall") for e in events):
                     self._capture_now(events)

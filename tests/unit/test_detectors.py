@@ -23,6 +23,7 @@ from slurmhealth.model import (
 )
 from slurmhealth.sidecar.detectors import KINDS, Detectors
 from slurmhealth.sidecar.state import Event
+from slurmhealth.sidecar.task import StepRecord
 
 H100 = "NVIDIA H100 80GB HBM3"
 BUS = ["18", "2A", "3A", "5D", "9A", "AB", "BA", "DB"]
@@ -384,3 +385,34 @@ def test_no_step_stall_before_three_steps() -> None:
     det = detectors()
     early = TaskStats(steps_total=2, step_seconds=1.0, last_step_ts=T0)
     assert det.observe_task(early, T0 + 1000) == []
+
+
+def _rank_steps(slow_rank: int | None, steps: int = 20) -> dict[int, list[StepRecord]]:
+    """Four ranks of one DDP job: a step takes 0.2 s everywhere (the all-reduce waits for
+    the slowest); own work 0.05 s, the slow rank's 0.15 s (the others wait 0.1 s more)."""
+    out: dict[int, list[StepRecord]] = {}
+    for rank in range(4):
+        own = 0.15 if rank == slow_rank else 0.05
+        out[rank] = [
+            StepRecord(ts=T0 + i * 0.2, rank=rank, step=i, step_seconds=0.2, comm_seconds=0.2 - own)
+            for i in range(steps)
+        ]
+    return out
+
+
+def test_the_rank_the_others_wait_for_is_named_once_while_it_lasts() -> None:
+    det = detectors()
+    ev = only(det.observe_ranks(_rank_steps(slow_rank=2), T0 + 10))
+    assert (ev.kind, ev.severity, ev.gpu, ev.evidence["rank"]) == (
+        "rank_straggler", Severity.WARN, None, 2,
+    )  # fmt: skip
+    assert ev.message.startswith("rank 2 is the straggler") and ev.evidence["cause"] == "compute"
+    assert det.observe_ranks(_rank_steps(slow_rank=2), T0 + 20) == []  # still slow: said once
+    assert det.observe_ranks(_rank_steps(slow_rank=None), T0 + 30) == []  # recovered
+    assert only(det.observe_ranks(_rank_steps(slow_rank=2), T0 + 40)).evidence["rank"] == 2
+
+
+def test_balanced_ranks_or_too_few_steps_name_nobody() -> None:
+    det = detectors()
+    assert det.observe_ranks(_rank_steps(slow_rank=None), T0 + 10) == []
+    assert det.observe_ranks(_rank_steps(slow_rank=1, steps=3), T0 + 10) == []
