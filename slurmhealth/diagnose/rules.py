@@ -138,6 +138,7 @@ def _one_line(text: Any) -> str:
 _KEYS = {"event": ("kind", "kind"), "finding": ("check_name", "check")}  # column, placeholder
 # a finding's evidence -> placeholder: what a kernel-log finding says ({kind}, {bus}, ...)
 _EVIDENCE = (("kind", "kind"), ("level", "level"), ("pci_bus_id", "bus"), ("code", "code"))
+_EVENT_EVIDENCE = (("rank", "rank"), ("cause", "cause"))  # a rank_straggler event's
 
 
 class Scope:
@@ -169,8 +170,8 @@ class Scope:
             ev = _evidence(row)
             line = _one_line(ev.get("line"))  # the kernel line an Xid/kernel_log finding cites
             values = ((name, what),) + ((("xid", str(xid)),) if xid is not None else ())
-            if label == "finding":
-                values += tuple((p, as_text(ev[k])) for k, p in _EVIDENCE if ev.get(k) is not None)
+            pairs = _EVIDENCE if label == "finding" else _EVENT_EVIDENCE
+            values += tuple((p, as_text(ev[k])) for k, p in pairs if ev.get(k) is not None)
             self._hits[key] = Hit(
                 label,
                 f"{what}: {as_text(row.get('message'))}"[:MAX_TEXT]

@@ -83,6 +83,9 @@ CASES: dict[str, Facts] = {
     ),
     "pcie_downgraded": facts(node(gpus=gpus(**{"6": {"pcie_width_min": 8}}))),
     "straggler_gpu": facts(node(gpus=gpus(**{"7": {"util_mean": 40.0}}))),
+    "straggler_rank": facts(
+        node(events=(event("rank_straggler", severity="warn", rank=3, cause="compute"),))
+    ),
     "collective_hang": facts(
         node(
             events=(event("hang", None, severity="critical"),),
@@ -539,3 +542,11 @@ def test_report_stragglers_compare_gpus_across_the_jobs_nodes() -> None:
     (s,) = _stragglers(f, RATIO)
     assert (s.node, s.gpu, s.util_mean, s.peer_median, s.source) == ("n2", 1, 50.0, 92.0, "stats")
     assert _stragglers(f, 0.5) == []  # the site's sidecar.straggler_ratio decides
+
+
+def test_a_straggler_rank_is_named_with_its_node_in_the_verdict_and_the_steps() -> None:
+    ev = event("rank_straggler", severity="warn", rank=3, cause="data")
+    f = facts(node(events=(ev,)))
+    d = one(diagnose(f), "straggler_rank")
+    assert engine.verdict([d], f).startswith("rank 3 on n1 is the straggler")
+    assert "(data)" in d.root_cause and "rank 3" in d.user_action
