@@ -98,7 +98,10 @@ class SidecarConfig:
     straggler_window_s: float = 300.0  # ...averaged over this window
     throttle_sustain_s: float = 30.0  # HW slowdown/thermal/power brake this long: an event
     throughput_drop: float = 0.30  # step throughput this far below the job's rolling median
-    stall_factor: float = 5.0  # no step for this many median step times: stalled
+    stall_factor: float = 5.0  # no step for this many median step times: stalled...
+    # ...and for at least this long: a job that finished its steps and is shutting down, or
+    # saves a checkpoint, pauses its steps for a while without hanging
+    stall_min_s: float = 300.0
     stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
 
 

@@ -78,6 +78,7 @@ RANGES: Mapping[str, Bound] = {
     "sidecar.throttle_sustain_s": POSITIVE_S,
     "sidecar.throughput_drop": Bound(0, 1, low_open=True),
     "sidecar.stall_factor": Bound(1, 1e6),
+    "sidecar.stall_min_s": Bound(0, 30 * 86400),
     "sidecar.stop_grace_s": POSITIVE_S,
     "metrics.port": Bound(0, 65535),
     "metrics.textfile_interval_s": Bound(1, DAY),

@@ -340,14 +340,15 @@ class Detectors:
 
         Throughput is judged once per new data (``steps_total`` grew) against the rolling
         median of the previous values (at least ``MIN_THROUGHPUT_VALUES`` of them); a stall
-        is ``now - last_step_ts > stall_factor x`` the median step time, after 3 steps.
+        is ``now - last_step_ts > stall_factor x`` the median step time and at least
+        ``stall_min_s``, after 3 steps.
         """
         if stats.steps_total > self._task_steps:
             self._task_steps = stats.steps_total
             self._throughput_drop(stats, now)
         step_s, last = stats.step_seconds, stats.last_step_ts
         if step_s and last is not None and stats.steps_total >= MIN_STALL_STEPS:
-            limit = self.cfg.stall_factor * step_s
+            limit = max(self.cfg.stall_factor * step_s, self.cfg.stall_min_s)
             if self._edge("step_stall", None, now - last > limit):
                 msg = f"no training step for {now - last:.0f} s (median step {step_s:.3g} s)"
                 ev = {"last_step_ts": last, "step_seconds": step_s}

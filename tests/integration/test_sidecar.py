@@ -277,3 +277,70 @@ def test_a_config_typo_makes_prologs_fail_open_and_the_counter_rises(fleet: Flee
     finally:
         config.write_text(good)
     _wait(lambda: fleet.series('slurmhealth_config_valid{node="n3"} == 1'), 15, "config_valid 1")
+
+
+def _train_python() -> str:
+    """A Python with PyTorch the cluster's user can run (scripts/train-venv builds it once)."""
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [str(repo / "scripts" / "train-venv")], capture_output=True, text=True, timeout=900
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    return str(Path(out.stdout.strip().splitlines()[-1]) / "bin" / "python")
+
+
+def test_ddp_job_reports_its_measured_comm_share_and_names_the_slow_rank(fleet: Fleet) -> None:
+    """2 nodes x 2 ranks of PyTorch DDP (gloo on CPU) under srun, timed by slurmhealth.train's
+    all-reduce hook: step time, communication share and throughput reach Prometheus with
+    the job's labels; rank 3 (on n2) does 0.1 s more work per step, so n2's sidecar names it
+    the straggler and the report says so."""
+    cluster = fleet.cluster
+    python = _train_python()
+    repo = Path(__file__).resolve().parents[2]
+    run_dir = cluster.dir / "nodes" / "{node}" / "run"
+    job = cluster.sbatch(
+        "-N2", "-w", "n1,n2", "--ntasks-per-node=2", "-o", "/dev/null",
+        f"--export=ALL,STEPS=60,PYTHON={python},MASTER_ADDR=127.0.0.1,"
+        f"SLURMHEALTH_PYTHONPATH={repo},SLURMHEALTH_RUN_DIR={run_dir},"
+        f"NCCL_LOG_DIR=/tmp/nccl-logs-shuser,TRAIN_SCRIPT={repo}/sbatch-templates/train_ddp.py,"
+        "TRAIN_ARGS=--slow-rank 3 --slow-seconds 0.1",
+        str(repo / "sbatch-templates" / "train-ddp.sbatch"),
+        wait=False,
+    )  # fmt: skip
+    cluster.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=60)
+
+    def task_series() -> dict[str, dict[str, Any]]:
+        got = {}
+        for name in ("step_seconds", "comm_ratio", "samples_per_second"):
+            rows = fleet.series(f'slurmhealth_job_{name}{{job_id="{job.job_id}"}}')
+            if len(rows) < 2:  # one per node
+                return {}
+            got[name] = {r["metric"]["node"]: (r["metric"], float(r["value"][1])) for r in rows}
+        return got
+
+    series = _wait(task_series, 120, "the DDP job's task series from both nodes")
+    for node in ("n1", "n2"):
+        labels, comm = series["comm_ratio"][node]
+        assert labels["user"] == "shuser" and labels["job_id"] == job.job_id
+        assert 0 < comm < 1  # measured by the hook, never declared by the script
+        assert series["step_seconds"][node][1] > 0.1  # rank 3's 0.1 s makes every step longer
+        assert series["samples_per_second"][node][1] > 0
+    done = cluster.wait_job(job.job_id, timeout=180)
+    assert done.state == "COMPLETED", done.record
+
+    with sqlite3.connect(cluster.node_db("n2")) as conn:
+        ranks = [
+            row[0]
+            for row in conn.execute(
+                "select json_extract(evidence, '$.rank') from events "
+                "where job_id = ? and kind = 'rank_straggler'",
+                (job.job_id,),
+            )
+        ]
+    assert ranks == [3], ranks
+    env = {**os.environ, "SLURMHEALTH_CONFIG": str(cluster.dir / "slurmhealth.toml")}
+    report = subprocess.run(
+        [sys.executable, "-m", "slurmhealth", "report", job.job_id],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert "rank 3 on n2 is the straggler" in report.stdout, report.stdout + report.stderr

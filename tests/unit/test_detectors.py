@@ -370,7 +370,7 @@ def test_no_throughput_judgement_without_history_or_new_steps() -> None:
 
 
 def test_step_stall_after_stall_factor_median_steps() -> None:
-    det = detectors()  # stall_factor 5
+    det = detectors(stall_min_s=0.0)  # stall_factor 5, no minimum
     base = TaskStats(steps_total=10, step_seconds=2.0, last_step_ts=T0)
     assert det.observe_task(base, T0 + 9) == []
     ev = only(det.observe_task(base, T0 + 11))
@@ -416,3 +416,14 @@ def test_balanced_ranks_or_too_few_steps_name_nobody() -> None:
     det = detectors()
     assert det.observe_ranks(_rank_steps(slow_rank=None), T0 + 10) == []
     assert det.observe_ranks(_rank_steps(slow_rank=1, steps=3), T0 + 10) == []
+
+
+def test_a_pause_shorter_than_stall_min_s_is_no_stall() -> None:
+    """A job that finished its steps and is shutting down (or saving a checkpoint) pauses
+    for many median step times: no hang until the pause outlasts stall_min_s too."""
+    det = detectors()  # stall_factor 5, stall_min_s 300
+    done = TaskStats(steps_total=60, step_seconds=0.36, last_step_ts=T0)
+    assert det.observe_task(done, T0 + 5) == []  # 14 median steps: shutting down
+    assert det.observe_task(done, T0 + 299) == []
+    ev = only(det.observe_task(done, T0 + 301))
+    assert (ev.kind, ev.ts) == ("step_stall", T0 + 300)
