@@ -264,3 +264,31 @@ def test_an_unreadable_rdma_class_is_recorded_not_a_missing_hca() -> None:
     findings = run_checks(CheckContext(node(), rdma=rdma, rdma_expect=NDR))
     f = one([f for f in findings if f.check in NET], "ib_hca_count")
     assert (f.severity, f.action) == (Severity.WARN, Action.RECORD)
+
+
+def _check_with_tree(tmp_path: Path, sim_env: Any, spec: simtree.NodeSpec) -> Any:
+    """`slurmhealth check --json` on a simulated node whose sysfs holds ``spec``'s HCAs."""
+    import json
+
+    from tests.conftest import run_cli
+
+    root = tmp_path / "sys"
+    simtree.write_tree(str(root), spec)
+    env = sim_env("healthy", SLURMHEALTH_RDMA_SYSFS=str(root))
+    fabric = ", ".join(f'"mlx5_{i}"' for i in range(4))
+    (tmp_path / "config.toml").write_text(f"[rdma]\ndevices = [{fabric}]\nexpected_hcas = 4\n")
+    proc = run_cli("check", "--json", env=env)
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_the_check_command_reads_the_nodes_hcas_and_fails_a_port_down(
+    tmp_path: Path, sim_env: Any
+) -> None:
+    code, data = _check_with_tree(tmp_path, sim_env, simtree.preset("ndr4"))
+    assert code == 0 and data["findings"] == []
+    down = simtree.fault(simtree.preset("ndr4"), "down", "mlx5_1")
+    code, data = _check_with_tree(tmp_path, sim_env, down)
+    assert code == 1
+    (f,) = data["findings"]
+    assert (f["check"], f["severity"]) == ("ib_port_state", "fail")
+    assert f["message"].startswith("mlx5_1/1 port DOWN")
