@@ -1,6 +1,7 @@
 """The Debian package in a clean Debian root (debootstrap, chroot): the README's node commands
 run literally, the prolog wrapper on the simulator, an upgrade that keeps an edited
-conffile, removal that keeps the config and purge that removes it. And the wheel path of
+conffile, a downgrade below a newer history (refused in one line, the prolog fails open),
+removal that keeps the config and purge that removes it. And the wheel path of
 the README with ``--prefix`` into a temp dir. Root only; minutes (debootstrap about 2 min
 here, each package build under 1 min): marked slow, CI runs it (scripts/test)."""
 
@@ -10,14 +11,19 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from slurmhealth.hooks.snapshot_cache import MAX_AGE_S
+
 REPO = Path(__file__).resolve().parents[2]
 MIRROR = os.environ.get("SLURMHEALTH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 SCENARIOS = "/opt/slurmhealth/lib/python{v}/site-packages/slurmhealth/scenarios"
+PY = "/opt/slurmhealth/bin/python"
+DB = "/var/lib/slurmhealth/history/history.db"
 
 pytestmark = [
     pytest.mark.slow,
@@ -106,6 +112,7 @@ def test_deb_installs_upgrades_and_removes_in_a_clean_debian_root(
     config = root / "etc/slurmhealth/config.toml"
     config.write_text(config.read_text() + "\n[sidecar]\nenabled = false\n")
     assert prolog(root, "healthy", "41").returncode == 0
+    time.sleep(MAX_AGE_S + 0.2)  # a prolog this soon after would share the healthy read
     bad = prolog(root, "nvlink-down", "42")
     assert bad.returncode == 1, bad.stderr
     log = (root / "var/log/slurmhealth/slurmhealth.log").read_text()
@@ -124,6 +131,25 @@ def test_deb_installs_upgrades_and_removes_in_a_clean_debian_root(
     assert "No module named 'click'" in client.stdout  # the client alone, not the venv's deps
     history = chroot(root, "slurmhealth history --node n1 --json")
     assert history.returncode == 0 and '"job_id": "42"' in history.stdout
+
+    # downgrade below a newer history (as if 0.1.0-2 had migrated it): the package goes
+    # back, the older release refuses the history in one line and the prolog fails open
+    bump = chroot(
+        root,
+        f"{PY} -c \"import sqlite3; c = sqlite3.connect('{DB}'); "
+        "v = c.execute('pragma user_version').fetchone()[0]; "
+        "c.execute(f'pragma user_version = {v + 1}'); c.commit(); print(v)\"",
+    )
+    known = int(bump.stdout)
+    down = chroot(root, f"dpkg -i /root/{debs[0].name}")
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert status(root) == "install ok installed 0.1.0-1"
+    refused = chroot(root, "slurmhealth history --node n1")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert f"schema version {known + 1}, newer" in refused.stderr
+    time.sleep(MAX_AGE_S + 0.2)
+    opened = prolog(root, "nvlink-down", "43")
+    assert opened.returncode == 0 and "failing open" in opened.stderr, opened.stderr
 
     # remove keeps the config; purge removes it (the history stays, see postrm)
     assert chroot(root, "dpkg -r slurmhealth").returncode == 0
