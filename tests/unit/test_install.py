@@ -138,3 +138,22 @@ def test_packaged_config_shows_the_real_defaults() -> None:
             assert getattr(getattr(defaults, section), key) == value, f"{section}.{key}"
     as_shipped = load_config(str(PKG / "data/config.toml"), env={})
     assert as_shipped.sources == {}  # all commented: installing it changes nothing
+
+
+def test_systemd_accepts_the_unit_and_the_tmpfiles_entry(tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None or shutil.which("systemd-tmpfiles") is None:
+        pytest.skip("systemd's tools are not installed")
+    assert run("--prefix", str(tmp_path)).exit_code == 0
+    unit = tmp_path / LAYOUT["unit"].lstrip("/")
+    out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
+                         text=True, check=False)  # fmt: skip
+    # what only an installed node has: the venv's executable, the man page
+    problems = [line for line in (out.stdout + out.stderr).splitlines()
+                if "/opt/slurmhealth/bin/slurmhealth is not executable" not in line
+                and "man slurmhealth(1)" not in line]  # fmt: skip
+    assert problems == []
+    tmpfiles = tmp_path / LAYOUT["tmpfiles"].lstrip("/")
+    made = subprocess.run(["systemd-tmpfiles", "--create", f"--root={tmp_path}", str(tmpfiles)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert mode(tmp_path / LAYOUT["run"].lstrip("/")) == 0o755
