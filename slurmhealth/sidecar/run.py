@@ -87,6 +87,7 @@ def lifecycle_log() -> logging.Logger:
     if not _life.handlers and not root_syslog and os.path.exists("/dev/log"):
         with contextlib.suppress(OSError):
             handler = SysLogHandler(address="/dev/log")
+            handler.ident = "slurmhealth: "  # the identifier every slurmhealth line has
             handler.setFormatter(logging.Formatter("slurmhealth-sidecar: %(message)s"))
             _life.addHandler(handler)
     return _life
