@@ -46,6 +46,7 @@ COMMANDS: Mapping[str, str] = {
     "xid": "xid:xid",
     "exporter": "exporter:exporter",
     "config": "config:config",
+    "install": "install:install",
 }
 EXIT_CODES = (
     (0, "healthy, or warnings only: done"),

@@ -207,6 +207,8 @@ def validate(ctx: Ctx, node: str | None, benchmarks: str | None, as_json: bool) 
     """Validate a drained node without a Slurm job: health checks on all GPUs plus short
     benchmarks compared with the fleet. A pass lets `slurmhealth resume` return it.
 
+    Progress (each benchmark's start and time taken) goes to stderr (not with --quiet). A
+    benchmark whose program is not installed is SKIPPED with the reason, not failed.
     Exits 0 on a pass, 1 on a fail."""
     from slurmhealth.cli import render
     from slurmhealth.hooks.validate import run_validate
@@ -215,13 +217,22 @@ def validate(ctx: Ctx, node: str | None, benchmarks: str | None, as_json: bool) 
     if benchmarks is not None:
         names = [b.strip() for b in benchmarks.split(",") if b.strip()]
     cfg = ctx.config({"node.name": node} if node else None)
-    result = run_validate(cfg, names)
+
+    def progress(line: str) -> None:
+        if not ctx.quiet:
+            click.echo(f"validate: {line}", err=True)
+
+    result = run_validate(cfg, names, progress=progress)
     if as_json:
         render.print_json(result.to_dict())
     else:
         click.echo(f"{result.node}: checks {result.check_status}")
         for b in result.benchmarks:
-            click.echo(f"  {b.name}: {'ok' if b.passed else 'FAIL'} ({b.stored} values stored)")
+            if b.skipped:
+                click.echo(f"  {b.name}: SKIPPED ({b.skipped})")
+                continue
+            click.echo(f"  {b.name}: {'ok' if b.passed else 'FAIL'} ({b.stored} values stored, "
+                       f"{b.seconds:.1f} s)")  # fmt: skip
             for p in b.problems:
                 click.echo(f"    {p}")
         verdict = "PASS" if result.exit_code == 0 else "FAIL"

@@ -7,10 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 
 import click
 
 from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
+
+SYSLOG_SOCKET = "/dev/log"
 
 
 def _hook_logging(name: str, node: str | None = None) -> None:
@@ -19,9 +22,34 @@ def _hook_logging(name: str, node: str | None = None) -> None:
         f"job={os.environ.get('SLURM_JOB_ID', '?')} node={node}"
     )  # fmt: skip
     fmt = f"slurmhealth {name}[{who}]: %(levelname)s: %(message)s"
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(logging.Formatter(fmt))
-    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    root = logging.getLogger()
+    # the hooks' stderr reaches slurmd's log and the wrapper, which add the time and send
+    # it to syslog; the sidecar's goes straight to SLURMHEALTH_LOG_FILE: it stamps its own
+    stamped = logging.Formatter("%(asctime)s " + fmt, "%Y-%m-%dT%H:%M:%SZ")
+    stamped.converter = time.gmtime
+    for handler in root.handlers:
+        handler.setFormatter(stamped if name == "sidecar" else logging.Formatter(fmt))
+    root.setLevel(min(root.level, logging.INFO))
+    if name == "sidecar":
+        _to_syslog(root, f"slurmhealth-{name}[{who}]: %(levelname)s: %(message)s")
+
+
+def _to_syslog(logger: logging.Logger, fmt: str) -> None:
+    """Also send ``logger``'s records to syslog/journal (identifier ``slurmhealth``, as the
+    wrappers' ``logger -t slurmhealth``) where the node has a syslog socket."""
+    from logging.handlers import SysLogHandler
+
+    if not os.path.exists(SYSLOG_SOCKET) or any(
+        isinstance(h, SysLogHandler) for h in logger.handlers
+    ):
+        return
+    try:
+        handler = SysLogHandler(address=SYSLOG_SOCKET, facility=SysLogHandler.LOG_DAEMON)
+    except OSError:
+        return
+    handler.ident = "slurmhealth: "
+    handler.setFormatter(logging.Formatter(fmt))
+    logger.addHandler(handler)
 
 
 def _hook(ctx: Ctx, name: str) -> None:

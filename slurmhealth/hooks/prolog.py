@@ -272,7 +272,7 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
         log.warning("prolog bandwidth test failed to run: %s: %s", type(exc).__name__, exc)
         return
     if outcome is not None and not outcome.passed:
-        log.warning("prolog bandwidth test: %s", "; ".join(outcome.problems))
+        log.warning("prolog bandwidth test: %s", "; ".join(outcome.problems) or outcome.skipped)
 
 
 def _job_had_events(cfg: Config, job: Job) -> bool:

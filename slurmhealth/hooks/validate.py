@@ -3,12 +3,16 @@
 No Slurm job: the health checks (phase ``validate``, all GPUs) and the configured short
 benchmarks (``[baseline] validate_commands``; run without a shell, with a timeout), whose
 output is parsed, stored with label ``validate`` and compared with the fleet reference
-(the other nodes' latest values, or a pinned value). The run is one ``check_runs`` row with
-phase ``validate`` and status ``ok`` / ``fail``; ``resume`` looks for it.
+(the other nodes' latest values, or a pinned value). A benchmark whose program is not
+installed on the node is skipped with that reason (recorded as an info finding), not failed.
+The run is one ``check_runs`` row with phase ``validate`` and status ``ok`` / ``fail``;
+``resume`` looks for it. Each step reports its start and end to ``progress`` (the CLI
+prints them on stderr), since a benchmark may run up to ``validate_timeout_s``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import time
@@ -22,6 +26,7 @@ from slurmhealth.errors import UsageError
 from slurmhealth.model import Severity
 
 Parse = Callable[[str, str], ParseResult]
+Progress = Callable[[str], None]
 PHASE = "validate"
 LABEL = "validate"
 
@@ -34,11 +39,20 @@ class BenchOutcome:
     stored: int = 0
     problems: tuple[str, ...] = ()  # why it failed (tool errors, exit code, timeout, parse)
     deviations: tuple[dict[str, Any], ...] = ()
+    skipped: str = ""  # why it did not run (its program is not installed); not a failure
+    seconds: float = 0.0  # wall time of the run
+
+    @property
+    def status(self) -> str:
+        return "skipped" if self.skipped else ("ok" if self.passed else "fail")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "command": self.command,
+            "status": self.status,
+            "skipped": self.skipped,
+            "seconds": round(self.seconds, 3),
             "passed": self.passed,
             "stored": self.stored,
             "problems": list(self.problems),
@@ -88,8 +102,13 @@ def select_benchmarks(cfg: Config, names: Sequence[str] | None) -> dict[str, str
     return {n: commands[n] for n in names}
 
 
+class _NotInstalled(Exception):
+    """The benchmark's program does not exist on this node."""
+
+
 def _run_command(command: str, timeout_s: float) -> tuple[str, list[str]]:
-    """Stdout (plus stderr) of ``command``, and what went wrong running it."""
+    """Stdout (plus stderr) of ``command``, and what went wrong running it. Raises
+    ``_NotInstalled`` when its program is not found."""
     try:
         argv = shlex.split(command)
     except ValueError as exc:
@@ -101,8 +120,8 @@ def _run_command(command: str, timeout_s: float) -> tuple[str, list[str]]:
             argv, capture_output=True, text=True, timeout=timeout_s, check=False,
             errors="replace",
         )  # fmt: skip
-    except FileNotFoundError:
-        return "", [f"{argv[0]}: command not found"]
+    except FileNotFoundError as exc:
+        raise _NotInstalled(f"{argv[0]}: command not found") from exc
     except PermissionError:
         return "", [f"{argv[0]}: permission denied"]
     except subprocess.TimeoutExpired as exc:
@@ -127,7 +146,10 @@ def _benchmark(
     from slurmhealth.baseline.model import BaselineParseError
 
     timeout = cfg.baseline.validate_timeout_s if timeout_s is None else timeout_s
-    output, problems = _run_command(command, timeout)
+    try:
+        output, problems = _run_command(command, timeout)
+    except _NotInstalled as exc:
+        return BenchOutcome(name, command, False, skipped=str(exc))
     if problems and not output.strip():  # did not start, or died silently: nothing to parse
         return BenchOutcome(name, command, False, problems=tuple(problems))
     try:
@@ -194,12 +216,19 @@ def prolog_bench(
     )
 
 
+def _no_progress(_line: str) -> None:
+    pass
+
+
 def run_validate(
-    cfg: Config, benchmarks: Sequence[str] | None = None, parse: Parse | None = None
+    cfg: Config,
+    benchmarks: Sequence[str] | None = None,
+    parse: Parse | None = None,
+    progress: Progress = _no_progress,
 ) -> ValidateResult:
     """Checks (phase ``validate``, all GPUs), then each benchmark; the verdict is recorded
     in the node's history as the check run's status (``ok`` / ``fail``) with a finding per
-    failed benchmark."""
+    failed benchmark. ``progress`` gets one line as each step starts and ends."""
     from slurmhealth.hooks.check import run_check
 
     commands = select_benchmarks(cfg, benchmarks)
@@ -207,7 +236,9 @@ def run_validate(
         from slurmhealth.baseline.parsers import parse as parse_output
 
         parse = parse_output
+    progress(f"health checks on all GPUs ({len(commands)} benchmark(s) to follow)")
     check = run_check(cfg, phase=PHASE)
+    progress(f"health checks: {check.status}")
     node = check.node or cfg.node_name
     models = [g.name for g in check.snapshot.gpus if g.name]
     gpu_model = models[0] if models else None
@@ -216,8 +247,13 @@ def run_validate(
     outcomes: list[BenchOutcome] = []
     _mark(cfg, check.run_id, "running")  # a killed validation never reads as passed
     try:
-        for name, command in commands.items():
+        for i, (name, command) in enumerate(commands.items(), 1):
+            timeout = cfg.baseline.validate_timeout_s
+            progress(f"[{i}/{len(commands)}] {name}: started (at most {timeout:g} s): {command}")
+            started = time.monotonic()
             outcome = _benchmark(cfg, name, command, node, gpu_model, parse)
+            outcome = dataclasses.replace(outcome, seconds=time.monotonic() - started)
+            progress(f"[{i}/{len(commands)}] {name}: " + _done(outcome))
             outcomes.append(outcome)
             reasons += [f"{name}: {p}" for p in outcome.problems]
     except BaseException:
@@ -236,6 +272,12 @@ def run_validate(
     return result
 
 
+def _done(outcome: BenchOutcome) -> str:
+    if outcome.skipped:
+        return f"SKIPPED: {outcome.skipped}"
+    return f"{outcome.status} in {outcome.seconds:.1f} s"
+
+
 def _mark(cfg: Config, run_id: str, status: str) -> None:
     from slurmhealth.history import Batch, History
 
@@ -249,23 +291,7 @@ def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
     from slurmhealth.history import Batch, History
 
     findings = [
-        (
-            "findings",
-            {
-                "run_id": result.run_id,
-                "ts": ts,
-                "node": result.node,
-                "check_name": f"baseline.{b.name}",
-                "severity": Severity.FAIL.label,
-                "severity_value": int(Severity.FAIL),
-                "message": "; ".join(b.problems),
-                "action": "drain",
-                "hint": f"benchmark: {b.command}",
-                "evidence": {"deviations": list(b.deviations)},
-            },
-        )
-        for b in result.benchmarks
-        if not b.passed
+        ("findings", _finding(result, b, ts)) for b in result.benchmarks if b.status != "ok"
     ]
     run = {
         "run_id": result.run_id,
@@ -275,3 +301,20 @@ def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
     }
     with History.for_node(cfg) as db:
         db.write(Batch(inserts=findings, upserts=[("check_runs", run, "run_id")]))
+
+
+def _finding(result: ValidateResult, b: BenchOutcome, ts: float) -> dict[str, Any]:
+    """A failed benchmark's finding (fail, drain) or a skipped one's (info, record)."""
+    sev = Severity.INFO if b.skipped else Severity.FAIL
+    return {
+        "run_id": result.run_id,
+        "ts": ts,
+        "node": result.node,
+        "check_name": f"baseline.{b.name}",
+        "severity": sev.label,
+        "severity_value": int(sev),
+        "message": f"skipped: {b.skipped}" if b.skipped else "; ".join(b.problems),
+        "action": "record" if b.skipped else "drain",
+        "hint": f"benchmark: {b.command}",
+        "evidence": {"deviations": list(b.deviations)},
+    }

@@ -35,12 +35,15 @@ log = logging.getLogger("slurmhealth.sidecar")
 
 def lifecycle_log() -> logging.Logger:
     """The logger of the sidecar's start, stop and death: stderr (the hook's format, with
-    the job and node) and, where there is one, syslog (the prolog sends stderr nowhere)."""
-    if not _life.handlers and os.path.exists("/dev/log"):
-        from logging.handlers import SysLogHandler
+    the job and node) and, where there is one, syslog (the prolog sends stderr nowhere),
+    unless the root logger already sends everything there (``slurmhealth sidecar`` does)."""
+    from logging.handlers import SysLogHandler
 
+    root_syslog = any(isinstance(h, SysLogHandler) for h in logging.getLogger().handlers)
+    if not _life.handlers and not root_syslog and os.path.exists("/dev/log"):
         with contextlib.suppress(OSError):
             handler = SysLogHandler(address="/dev/log")
+            handler.ident = "slurmhealth: "  # the identifier every slurmhealth line has
             handler.setFormatter(logging.Formatter("slurmhealth-sidecar: %(message)s"))
             _life.addHandler(handler)
     return _life

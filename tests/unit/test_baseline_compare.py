@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import sys
 from pathlib import Path
@@ -245,18 +246,57 @@ def test_validate_runs_checks_and_benchmarks_and_records_the_verdict(
         assert any("nccl" in r for r in result.reasons)
 
 
-def test_validate_missing_command_fails(cfg_path: Path) -> None:
+def test_validate_skips_a_benchmark_whose_program_is_missing(cfg_path: Path) -> None:
     from slurmhealth.hooks.validate import run_validate
 
     _with_commands(cfg_path, {"nccl": "/nonexistent/all_reduce_perf -g 8"})
+    cfg = _cfg(cfg_path)
+    result = run_validate(cfg, parse=_fake_parse)
+    assert result.status == "ok", result.reasons
+    (bench,) = result.benchmarks
+    assert bench.status == "skipped" and "/nonexistent/all_reduce_perf" in bench.skipped
+    assert bench.to_dict()["status"] == "skipped"
+    (run,) = _validate_runs(cfg, "n1")
+    assert run["status"] == "ok"
+    conn = sqlite3.connect(cfg.db_path("n1"))
+    (row,) = conn.execute("select severity, message from findings where check_name = ?",
+                          ("baseline.nccl",)).fetchall()  # fmt: skip
+    assert row[0] == "info" and "command not found" in row[1]
+
+
+def test_validate_a_program_that_fails_to_run_still_fails(cfg_path: Path, tmp_path: Path) -> None:
+    from slurmhealth.hooks.validate import run_validate
+
+    script = tmp_path / "bench.py"
+    script.write_text("import sys\nsys.exit(3)\n")
+    _with_commands(cfg_path, {"nccl": f"{sys.executable} {script}"})
     result = run_validate(_cfg(cfg_path), parse=_fake_parse)
-    assert result.status == "fail" and "command not found" in " ".join(result.reasons)
+    assert result.status == "fail" and "exited 3" in " ".join(result.reasons)
+
+
+def test_validate_cli_reports_progress_on_stderr(
+    cfg_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("slurmhealth.baseline.parsers.parse", _fake_parse)
+    _fleet(_cfg(cfg_path), SIM_MODEL)
+    _with_commands(cfg_path, {"nccl": _standin(tmp_path, "479"),
+                              "burn": "/nonexistent/gpu_burn 10"})  # fmt: skip
+    runner = CliRunner()
+    res = runner.invoke(validate, ["--json"], obj=Ctx(str(cfg_path), None, False))
+    out = json.loads(res.stdout)
+    assert [b["status"] for b in out["benchmarks"]] == ["ok", "skipped"]
+    lines = res.stderr.splitlines()
+    assert any(ln.startswith("validate: [1/2] nccl: started") for ln in lines), lines
+    assert any(re.match(r"validate: \[1/2\] nccl: ok in \d+\.\d s$", ln) for ln in lines)
+    assert "validate: [2/2] burn: SKIPPED: /nonexistent/gpu_burn: command not found" in lines
+    quiet = runner.invoke(validate, ["--json"], obj=Ctx(str(cfg_path), None, False, True))
+    assert quiet.stderr == ""
 
 
 def test_validate_cli_checks_only(cfg_path: Path) -> None:
     res = _invoke(cfg_path, validate, "--node", "n7", "--benchmarks", "", "--json")
     assert res.exit_code == 0, res.output
-    assert json.loads(res.output)["status"] == "ok"
+    assert json.loads(res.stdout)["status"] == "ok"
     (run,) = _validate_runs(_cfg(cfg_path), "n7")
     assert run["status"] == "ok" and run["node"] == "n7"
     unknown = _invoke(cfg_path, validate, "--benchmarks", "frobnicate")
