@@ -121,13 +121,15 @@ def test_runs_drains_and_check_runs_are_newest_first_and_filtered(db: Path) -> N
     assert [r["run_id"] for r in validate] == [r["run_id"] for r in latest] == ["v1"]
 
 
-def test_gpu_samples_and_task_metrics(db: Path) -> None:
+def test_gpu_rollups_and_task_metrics(db: Path) -> None:
     with Reader(db) as r:
-        [(agg, series)] = read.gpu_samples(r, JOB, "n1")
+        [g] = read.gpu_rollups(r, JOB, "n1")
         tasks = read.task_metrics(r, JOB, "n1")
+    agg = g.stats
     assert agg["gpu"] == 0 and agg["uuid"] == "GPU-0" and agg["samples"] == 2
     assert agg["util_mean"] == 60.0 and agg["nvlink_errors_delta"] == 4
-    assert series == [(11.0, 50.0, 300.0, 0), (21.0, 70.0, 320.0, 0x40)]
+    assert g.series == [(11.0, 50.0, 300.0), (21.0, 70.0, 320.0)]  # a short job: every sample
+    assert g.reasons == {"hw_thermal": 1} and g.step_s == 10.0
     assert tasks == [{"kind": "task", "steps_total": 3}]
 
 
