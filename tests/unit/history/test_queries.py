@@ -96,12 +96,16 @@ def test_only_info_events_do_not_count_as_events(tmp_path: Path) -> None:
         assert not read.job_had_events(h, JOB)
 
 
-def test_past_incidents_are_other_jobs_on_the_same_gpu_or_xid(db: Path) -> None:
+def test_past_incidents_are_other_jobs_on_the_same_gpu_before_the_end(db: Path) -> None:
+    with History(db) as h:  # after job 42's end (100 s), and the same Xid on another GPU
+        h.write(Batch(inserts=[_row("events", 150.0, job="9", gpu=1, kind="ecc",
+                                    severity="fail", message="later")]))  # fmt: skip
     with Reader(db) as r:
-        past = read.past_incident_rows(r, JOB, {("n1", 1)}, {79})
-        none = read.past_incident_rows(r, JOB, set(), set())
-    assert [(p["job_id"], p["what"], p["node"], p["gpu"]) for p in past] == [
-        ("8", "xid", "n9", 2), ("7", "ecc", "n1", 1)]  # fmt: skip
+        past = read.past_incident_rows(r, JOB, {("n1", 1)}, 100.0)
+        later = read.past_incident_rows(r, JOB, {("n1", 1)}, 200.0)
+        none = read.past_incident_rows(r, JOB, set(), 100.0)
+    assert [(p["job_id"], p["what"], p["node"], p["gpu"]) for p in past] == [("7", "ecc", "n1", 1)]
+    assert [p["job_id"] for p in later] == ["9", "7"]
     assert none == []
 
 
