@@ -3,16 +3,17 @@
 transaction (``batch.apply``: direct writes and spool ingests alike).
 
 A row holds count, sum, min and max of utilisation and power, the extremes of the other
-columns, the OR of the clock-event reasons and how many samples showed each reason, a
-histogram of utilisation (bins of :data:`HIST_WIDTH` %, for percentiles) and the idle/busy
-marks that count swings across buckets. So a job's per-GPU stats cost O(buckets), not
-O(samples), and survive the raw samples' retention (``history.retention``). Times are UTC s.
+columns, the OR of the clock-event reasons and how many samples showed each reason
+(``r_<reason>``), a histogram of utilisation (``h<bin>``, bins of :data:`HIST_WIDTH` %, for
+percentiles) and the idle/busy marks that count swings: within the bucket, and across its
+start (``mark_in``: the GPU's last mark before it, carried from the previous bucket).
+All in plain columns: a job's per-GPU stats are one SQL aggregate over O(buckets) rows,
+not O(samples), and survive the raw samples' retention (``history.retention``). UTC s.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -34,15 +35,21 @@ _EXTREMES: dict[str, tuple[str, Any]] = {
     "pcie_replay_min": ("pcie_replay", min), "pcie_replay_max": ("pcie_replay", max),
 }  # fmt: skip
 _SUMS = {"util": "util_pct", "power": "power_w"}  # <name>_n, <name>_sum
-_JSON = ("reasons", "util_hist")  # name -> count maps, NULL when empty
+HIST = tuple(f"h{i}" for i in range(100 // HIST_WIDTH + 1))
+REASONS = {f"r_{name}": bit for name, bit in CLOCK_EVENT_REASONS.items()}
+_COUNTS = ("n", "util_n", "power_n", "swings", *HIST, *REASONS)  # summed when merged
 KEY = ("job_id", "node", "gpu", "bucket")
 COLUMNS = (
     *KEY, "uuid", "n", "ts_first", "ts_last", "util_n", "util_sum", "power_n", "power_sum",
-    *_EXTREMES, "reasons_or", *_JSON, "mark_first", "mark_last", "swings",
+    *_EXTREMES, "reasons_or", *HIST, *REASONS, "mark_in", "mark_first", "mark_last", "swings",
 )  # fmt: skip
 _TYPES = {"job_id": "TEXT NOT NULL", "node": "TEXT NOT NULL", "gpu": "INTEGER NOT NULL",
-          "bucket": "INTEGER NOT NULL", "uuid": "TEXT", "reasons": "TEXT", "util_hist": "TEXT",
-          "mark_first": "TEXT", "mark_last": "TEXT"}  # fmt: skip
+          "bucket": "INTEGER NOT NULL", "uuid": "TEXT", "mark_in": "TEXT",
+          "mark_first": "TEXT", "mark_last": "TEXT",
+          **dict.fromkeys(("ts_first", "ts_last", "util_sum", "power_sum", "util_min",
+                           "util_max", "power_min", "power_max", "temp_max", "margin_min"),
+                          "REAL")}  # fmt: skip
+# (REAL: sqlite keeps 5000.0 as 5000 in a NUMERIC column, and 5000 / 100 divides as integers)
 CREATE_SQL = (
     "CREATE TABLE IF NOT EXISTS sample_rollups ("
     + ", ".join(f"{c} {_TYPES.get(c, 'NUMERIC')}" for c in COLUMNS)
@@ -51,6 +58,10 @@ CREATE_SQL = (
 )
 _SELECT = f"SELECT {', '.join(COLUMNS)} FROM sample_rollups WHERE " + " AND ".join(
     f"{c} = ?" for c in KEY
+)
+_PREVIOUS = (
+    "SELECT mark_in, mark_last FROM sample_rollups WHERE job_id = ? AND node = ? AND gpu = ?"
+    " AND bucket < ? ORDER BY bucket DESC LIMIT 1"
 )
 _UPSERT = (
     f"INSERT OR REPLACE INTO sample_rollups ({', '.join(COLUMNS)}) "
@@ -64,13 +75,6 @@ def bucket_of(ts: float) -> int:
 
 def _mark(util: float) -> str | None:
     return "l" if util < IDLE_PCT else "h" if util > BUSY_PCT else None
-
-
-def _counts(keys: Iterable[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for k in keys:
-        out[k] = out.get(k, 0) + 1
-    return out
 
 
 def of_samples(key: tuple[str, str, int, int], rows: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -90,10 +94,14 @@ def of_samples(key: tuple[str, str, int, int], rows: list[Mapping[str, Any]]) ->
     for m in masks:
         orred |= m
     out["reasons_or"] = orred if masks or any(r.get("clock_reasons") == 0 for r in rows) else None
-    out["reasons"] = _counts(n for m in masks for n, bit in CLOCK_EVENT_REASONS.items() if m & bit)
+    for col, bit in REASONS.items():
+        out[col] = sum(1 for m in masks if m & bit)
     util = values["util_pct"]
-    out["util_hist"] = _counts(str(int(min(max(u, 0.0), 100.0) // HIST_WIDTH)) for u in util)
+    out.update(dict.fromkeys(HIST, 0))
+    for u in util:
+        out[HIST[int(min(max(u, 0.0), 100.0) // HIST_WIDTH)]] += 1
     marks = "".join(m for u in util if (m := _mark(u)))
+    out["mark_in"] = None
     out["mark_first"], out["mark_last"] = (marks[0], marks[-1]) if marks else (None, None)
     out["swings"] = sum(1 for a, b in itertools.pairwise(marks) if a != b)
     return out
@@ -103,7 +111,7 @@ def merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
     """Two rollups of the same key as one; ``b`` holds the later samples."""
     out = dict(a)
     out["uuid"] = b["uuid"] or a["uuid"]
-    for col in ("n", "util_n", "util_sum", "power_n", "power_sum"):
+    for col in (*_COUNTS, "util_sum", "power_sum"):
         out[col] = (a[col] or 0) + (b[col] or 0)
     for col, how in (("ts_first", min), ("ts_last", max)):
         out[col] = how(a[col], b[col])
@@ -112,28 +120,16 @@ def merge(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
         out[col] = how(both) if both else None
     ors = [v for v in (a["reasons_or"], b["reasons_or"]) if v is not None]
     out["reasons_or"] = (ors[0] | ors[-1]) if ors else None
-    for col in _JSON:
-        out[col] = {k: a[col].get(k, 0) + b[col].get(k, 0) for k in {*a[col], *b[col]}}
     turn = a["mark_last"] and b["mark_first"] and a["mark_last"] != b["mark_first"]
-    out["swings"] = (a["swings"] or 0) + (b["swings"] or 0) + (1 if turn else 0)
+    out["swings"] += 1 if turn else 0
     out["mark_first"] = a["mark_first"] or b["mark_first"]
     out["mark_last"] = b["mark_last"] or a["mark_last"]
     return out
 
 
-def _encode(r: Mapping[str, Any]) -> list[Any]:
-    return [
-        (json.dumps(r[c], separators=(",", ":")) if r[c] else None) if c in _JSON else r[c]
-        for c in COLUMNS
-    ]
-
-
 def decode(row: Iterable[Any]) -> dict[str, Any]:
     """A stored ``sample_rollups`` row (in :data:`COLUMNS` order) as a rollup dict."""
-    out = dict(zip(COLUMNS, row, strict=True))
-    for col in _JSON:
-        out[col] = json.loads(out[col]) if out[col] else {}
-    return out
+    return dict(zip(COLUMNS, row, strict=True))
 
 
 def group(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str, int, int], list[Any]]:
@@ -155,4 +151,7 @@ def add(conn: sqlite3.Connection, rows: Iterable[Mapping[str, Any]]) -> None:
         old = conn.execute(_SELECT, key).fetchone()
         if old is not None:
             rollup = merge(decode(old), rollup)
-        conn.execute(_UPSERT, _encode(rollup))
+        else:  # a new bucket: the GPU's last mark before it, for a swing at its start
+            prev = conn.execute(_PREVIOUS, key).fetchone()
+            rollup["mark_in"] = (prev[1] or prev[0]) if prev else None
+        conn.execute(_UPSERT, [rollup[c] for c in COLUMNS])

@@ -36,22 +36,26 @@ class GpuRollup:
 
 
 _WHERE = "from sample_rollups where job_id = ? and node = ?"
+_COUNTED = (*rollups.HIST, *rollups.REASONS)
 _AGG_SQL = f"""
-select gpu, max(uuid), sum(n), sum(util_sum) / nullif(sum(util_n), 0), min(util_min),
-       max(util_max), max(mem_max), sum(power_sum) / nullif(sum(power_n), 0), max(temp_max),
-       min(margin_min), min(pcie_gen_min), min(pcie_width_min), min(nvlink_active_min),
-       max(nvlink_errors_max) - min(nvlink_errors_min),
-       max(pcie_replay_max) - min(pcie_replay_min), sum(swings)
+select gpu, max(uuid), sum(n), 1.0 * sum(util_sum) / nullif(sum(util_n), 0), min(util_min),
+       max(util_max), max(mem_max), 1.0 * sum(power_sum) / nullif(sum(power_n), 0),
+       max(temp_max), min(margin_min), min(pcie_gen_min), min(pcie_width_min),
+       min(nvlink_active_min), max(nvlink_errors_max) - min(nvlink_errors_min),
+       max(pcie_replay_max) - min(pcie_replay_min),
+       sum(swings) + coalesce(sum(mark_first != mark_in), 0), count(*),
+       {", ".join(f"sum({c})" for c in _COUNTED)}
 {_WHERE} group by gpu order by gpu
 """
-_COUNTS_SQL = (
-    "select gpu, j.key, sum(j.value) from sample_rollups, json_each(sample_rollups.{col}) j"
-    " where job_id = ? and node = ? and {col} is not null group by gpu, j.key"
-)
-_BUCKETS_SQL = f"""
-select gpu, ts_first, ts_last, n, util_sum, util_n, power_sum, power_n, mark_first,
-       mark_last {_WHERE} order by gpu, bucket
+_SERIES_SQL = f"""
+select max(ts_last), 1.0 * sum(util_sum) / nullif(sum(util_n), 0),
+       1.0 * sum(power_sum) / nullif(sum(power_n), 0)
+{_WHERE} and gpu = ? group by bucket / ? order by 1
 """
+_STEPS_SQL = (
+    f"select (ts_last - ts_first) / (n - 1) {_WHERE} and gpu = ? and n > 1"
+    " and ts_last > ts_first order by bucket desc limit ?"
+)
 _RAW_COLUMNS = ("ts", "job_id", "node", "gpu", "uuid", "util_pct", "power_w", "mem_used_bytes",
                 "temp_c", "margin_c", "clock_reasons", "pcie_gen", "pcie_width",
                 "nvlink_active", "nvlink_errors", "pcie_replay")  # fmt: skip
@@ -82,51 +86,19 @@ def _stats(row: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def _mean(total: Any, n: Any) -> float | None:
-    return float(total) / n if n else None
-
-
-def _series(buckets: list[tuple[Any, ...]], max_points: int) -> Series:
-    """Consecutive buckets averaged into at most ``max_points`` points at their last time."""
-    size = -(-len(buckets) // max_points) if max_points > 0 else len(buckets) or 1
-    out: Series = []
-    for i in range(0, len(buckets), size):
-        chunk = buckets[i : i + size]
-        util = _mean(sum(b[4] or 0 for b in chunk), sum(b[5] or 0 for b in chunk))
-        power = _mean(sum(b[6] or 0 for b in chunk), sum(b[7] or 0 for b in chunk))
-        out.append((float(chunk[-1][2]), util, power))
-    return out
-
-
-def _walk(buckets: list[tuple[Any, ...]]) -> tuple[int, float | None]:
-    """Swings between buckets (marks that change at a bucket border) and the median step."""
-    turns, last = 0, None
-    for b in buckets:
-        if last and b[8] and b[8] != last:
-            turns += 1
-        last = b[9] or last
-    steps = [(b[2] - b[1]) / (b[3] - 1) for b in buckets if b[3] > 1 and b[2] > b[1]]
-    return turns, statistics.median(steps) if steps else None
-
-
 def _read(conn: sqlite3.Connection, job_id: str, node: str, max_points: int) -> list[GpuRollup]:
-    params = (job_id, node)
-    counts: dict[str, dict[int, dict[str, int]]] = {}
-    for col in ("reasons", "util_hist"):
-        counts[col] = {}
-        for gpu, key, n in conn.execute(_COUNTS_SQL.format(col=col), params):
-            counts[col].setdefault(gpu, {})[str(key)] = int(n)
-    by_gpu: dict[int, list[tuple[Any, ...]]] = {}
-    for b in conn.execute(_BUCKETS_SQL, params):
-        by_gpu.setdefault(b[0], []).append(b)
+    """Per GPU: one aggregate over its buckets, a series of at most ``max_points`` points
+    (consecutive buckets averaged), the median step of its last buckets."""
     out = []
-    for row in conn.execute(_AGG_SQL, params).fetchall():
-        stats, buckets = _stats(row), by_gpu.get(row[0], [])
-        turns, step = _walk(buckets)
-        stats["util_swings"] += turns
-        out.append(GpuRollup(stats, counts["reasons"].get(row[0], {}),
-                             counts["util_hist"].get(row[0], {}), step,
-                             _series(buckets, max_points)))  # fmt: skip
+    for row in conn.execute(_AGG_SQL, (job_id, node)).fetchall():
+        gpu, buckets, counted = row[0], int(row[16]), dict(zip(_COUNTED, row[17:], strict=True))
+        hist = {c[1:]: int(n) for c in rollups.HIST if (n := counted[c])}
+        reasons = {c[2:]: int(n) for c in rollups.REASONS if (n := counted[c])}
+        stride = rollups.BUCKET_S * max(1, -(-buckets // max(1, max_points)))
+        series = conn.execute(_SERIES_SQL, (job_id, node, gpu, stride)).fetchall()
+        steps = [r[0] for r in conn.execute(_STEPS_SQL, (job_id, node, gpu, max_points))]
+        step = statistics.median(steps) if steps else None
+        out.append(GpuRollup(_stats(row), reasons, hist, step, series))
     return out
 
 

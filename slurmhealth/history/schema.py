@@ -161,9 +161,12 @@ def check_version(path: str, found: int) -> None:
 
 def sql_value(value: Any) -> Any:
     """A Python value as sqlite stores it: JSON for containers, text for the rest."""
+    kind = type(value)
+    if kind is float or kind is str or value is None:  # most values: the fast way
+        return value
     if isinstance(value, int) and not -(2**63) <= value < 2**63:
         return str(value)  # too big for an sqlite INTEGER
-    if value is None or isinstance(value, int | float | str | bytes):
+    if isinstance(value, int | float | str | bytes):
         return value
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, default=str)
