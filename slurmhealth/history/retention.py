@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from slurmhealth.errors import StoreError
+from slurmhealth.errors import SchemaTooNew, StoreError
 from slurmhealth.history.batch import immediate
 
 if TYPE_CHECKING:
@@ -111,6 +111,8 @@ def prune_quietly(history: History, cfg: Config) -> PruneResult | None:
     """The hooks' prune (after the epilog, from the health check): logged, never raises."""
     try:
         result = history.prune(policy(cfg))
+    except SchemaTooNew:
+        return None  # the hook already said so, once: a newer release owns this history
     except StoreError as exc:
         log.warning("history %s not pruned: %s", history.path, exc)
         return None
