@@ -58,6 +58,17 @@ class PathsConfig:
 
 
 @dataclass(frozen=True)
+class HistoryConfig:
+    """Retention, done by the node itself after each epilog and health check (at most
+    ``prune_max_rows`` rows a run); 0 days keeps that kind forever."""
+
+    raw_samples_days: int = 14  # raw GPU samples (one per GPU per sidecar interval)
+    rollups_days: int = 400  # per-GPU 5-minute rollups: the report's stats and plots
+    records_days: int = 1825  # check runs, findings, events, drains, evidence rows, jobs
+    prune_max_rows: int = 100_000  # rows one prune deletes at most (in 5,000-row steps)
+
+
+@dataclass(frozen=True)
 class KernelLogConfig:
     source: str = "auto"  # auto | kmsg | journalctl | dmesg | none | /path/to/file
     lookback_s: float = 3600.0  # on first read, Xids older than this are ignored
@@ -200,6 +211,7 @@ class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     kernel_log: KernelLogConfig = field(default_factory=KernelLogConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)

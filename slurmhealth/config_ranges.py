@@ -62,6 +62,10 @@ RANGES: Mapping[str, Bound] = {
     "gpu.expected_count": Bound(0, 1024),
     "gpu.nvlinks_per_model": Bound(0, 64),  # each model's value
     "paths.spool_max_bytes": Bound(4096, 2**40),  # never unbounded
+    "history.raw_samples_days": Bound(0, 36_500),  # 0 = forever
+    "history.rollups_days": Bound(0, 36_500),
+    "history.records_days": Bound(0, 36_500),
+    "history.prune_max_rows": Bound(1000, 1e9),
     "kernel_log.lookback_s": Bound(0, 365 * DAY),
     "kernel_log.budget_s": POSITIVE_S,
     "policy.drain_max_share": Bound(0, 1, low_open=True),

@@ -120,10 +120,12 @@ def _with_global_flags(command: click.Command) -> click.Command:
     if getattr(command, "_global_flags", False):
         return command
     command.params.extend(_global_flags())
-    if isinstance(command, click.Group):  # `slurmhealth config --json show`
+    own_json = any("--json" in getattr(p, "opts", ()) for p in command.params)
+    if isinstance(command, click.Group) and not own_json:  # `slurmhealth config --json show`
         command.params.append(click.Option(["--json"], is_flag=True, hidden=True,
                                            expose_value=False, callback=_set_json))  # fmt: skip
-    if command.callback is not None and not isinstance(command, click.Group):
+    runs_alone = not isinstance(command, click.Group) or command.invoke_without_command
+    if command.callback is not None and runs_alone:  # `history` runs without a subcommand
         command.callback = _quietable(command.callback)
     if isinstance(command, click.Group):
         for sub in command.commands.values():

@@ -1,5 +1,6 @@
 """``slurmhealth history`` (recorded check runs) and ``slurmhealth drains`` (recorded
-drains and resumes), read from every history this host reaches, newest first.
+drains and resumes), read from every history this host reaches, newest first;
+``slurmhealth history prune`` (admins) applies the ``[history]`` retention now.
 
 Access (``slurmhealth.access``): ``history`` lists every user's jobs, so only root and the
 admin group may run it without ``--job``; with ``--job`` the job's owner may too. Refusals
@@ -71,7 +72,7 @@ def _check_job_owner(ctx: Ctx, rights: Rights, paths: list[str], job: str) -> No
     access.check_job(ctx.caller(), rights, job, uid, user, "history")
 
 
-@click.command()
+@click.group(invoke_without_command=True)
 @click.option("--node", help="Only runs of this node.")
 @click.option("--job", help="Only runs of this Slurm job id.")
 @click.option("--since", help="Only runs since a duration ago (30m, 2h, 1d) or a UTC date.")
@@ -88,6 +89,8 @@ def history(
 
     Every job's runs: root and the admin group only. Anyone: --job JOBID of their own job
     where the history's file modes let them read it (else `slurmhealth report JOBID`)."""
+    if click.get_current_context().invoked_subcommand is not None:
+        return  # `history prune`
     from slurmhealth import access
     from slurmhealth.cli import render
     from slurmhealth.history.read import Reader
@@ -129,6 +132,55 @@ def history(
         ["time (UTC)", "node", "phase", "job", "status", "findings"],
         rows,
     )
+
+
+@history.command("prune")
+@click.option("--node", help="The history of this node (default: this node's).")
+@click.option(
+    "--max-rows", type=click.IntRange(min=1), default=None,
+    help="Delete at most this many rows (default: history.prune_max_rows).",
+)  # fmt: skip
+@click.option("--all", "until_done", is_flag=True, help="Repeat until nothing more is due.")
+@click.option("--vacuum", is_flag=True, help="Then give the freed pages back (VACUUM; slow).")
+@json_option
+@pass_ctx
+def prune(
+    ctx: Ctx, node: str | None, max_rows: int | None, until_done: bool, vacuum: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Delete what the [history] retention no longer keeps (raw samples, rollups, records),
+    a bounded number of rows per run, as the epilog and the health check do. Admins only."""
+    import dataclasses
+
+    from slurmhealth import access
+    from slurmhealth.cli import render
+    from slurmhealth.history import History
+    from slurmhealth.history.retention import policy
+
+    cfg = ctx.config()
+    access.require_admin(ctx.caller(), ctx.rights(), "prune a history")
+    rules = policy(cfg)
+    if max_rows is not None:
+        rules = dataclasses.replace(rules, max_rows=max_rows)
+    deleted: dict[str, int] = {}
+    with History.for_node(cfg, node) as db:
+        while True:
+            result = db.prune(rules)
+            for table, n in result.deleted.items():
+                deleted[table] = deleted.get(table, 0) + n
+            if result.complete or not until_done:
+                break
+        if vacuum:
+            db.vacuum()
+    doc = {"schema": "slurmhealth.history-prune/1", "db": db.path, "deleted": deleted,
+           "complete": result.complete, "retention": dataclasses.asdict(rules)}  # fmt: skip
+    if as_json:
+        render.print_json(doc)
+        return
+    total = sum(deleted.values())
+    more = "" if result.complete else "; more is due (run again, or --all)"
+    parts = ", ".join(f"{t} {n}" for t, n in deleted.items()) or "nothing due"
+    click.echo(f"{db.path}: deleted {total} rows ({parts}){more}")
 
 
 @click.command()

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmhealth.history.schema import COLUMNS, PRIMARY_KEYS, quote, sql_value
+from slurmhealth.history import rollups
+from slurmhealth.history.schema import COLUMNS, PRIMARY_KEYS, SAMPLE_COLUMNS, quote, sql_value
 
 
 @dataclass
@@ -68,17 +69,44 @@ def immediate(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+def sample_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A GPU ``samples`` row with each ``metrics`` field that has a column moved into it
+    (a batch spooled by an older release repeats them): the JSON keeps only the rest."""
+    metrics = row.get("metrics")
+    if row.get("gpu") is None or not isinstance(metrics, dict):
+        return row
+    out = {**row, "metrics": {k: v for k, v in metrics.items() if k not in SAMPLE_COLUMNS}}
+    for key, col in SAMPLE_COLUMNS.items():
+        if out.get(col) is None and metrics.get(key) is not None:
+            out[col] = metrics[key]
+    out["metrics"] = out["metrics"] or None
+    return out
+
+
 def apply(conn: sqlite3.Connection, batch: Batch, now: float) -> None:
-    """Execute ``batch``'s statements (inside the caller's transaction)."""
-    rows = [(t, r, None) for t, r in batch.inserts] + list(batch.upserts)
-    for table, row, pk in rows:
+    """Execute ``batch``'s statements (inside the caller's transaction), the rollups of
+    its GPU samples included. Inserts of one table and column set go in one
+    ``executemany`` (a table's rows keep their order)."""
+    inserts = [(t, sample_row(r) if t == "samples" else r) for t, r in batch.inserts]
+    same: dict[tuple[str, tuple[str, ...]], list[list[Any]]] = {}
+    for table, row in inserts:
+        same.setdefault((table, tuple(row)), []).append([sql_value(v) for v in row.values()])
+    for (table, names), values in same.items():
+        marks = ", ".join("?" * len(names))
+        sql = f"INSERT INTO {quote(table)} ({', '.join(map(quote, names))}) VALUES ({marks})"
+        conn.executemany(sql, values)
+    for table, row, pk in batch.upserts:  # None means "unknown": never overwrites a value
         cols = ", ".join(map(quote, row))
-        sql = f"INSERT INTO {quote(table)} ({cols}) VALUES ({', '.join('?' * len(row))})"
-        if pk is not None:  # upsert; None means "unknown" and never overwrites a value
-            sets = [f"{quote(c)} = COALESCE(excluded.{quote(c)}, {quote(table)}.{quote(c)})"
-                    for c in row]  # fmt: skip
-            sql += f" ON CONFLICT({quote(pk)}) DO UPDATE SET {', '.join(sets)}"
+        sets = [f"{quote(c)} = COALESCE(excluded.{quote(c)}, {quote(table)}.{quote(c)})"
+                for c in row]  # fmt: skip
+        sql = (
+            f"INSERT INTO {quote(table)} ({cols}) VALUES ({', '.join('?' * len(row))}) "
+            f"ON CONFLICT({quote(pk)}) DO UPDATE SET {', '.join(sets)}"
+        )
         conn.execute(sql, [sql_value(v) for v in row.values()])
+    samples = [r for t, r in inserts if t == "samples"]
+    if samples:
+        rollups.add(conn, samples)
     for key, value in batch.kv.items():
         conn.execute(
             "INSERT INTO kv (key, value, updated) VALUES (?, ?, ?) ON CONFLICT(key) "

@@ -7,6 +7,7 @@ decoded once, by ``schema.decode``) or plain values, and raises only
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -75,13 +76,20 @@ def owner_uid(db: Source, job_id: str) -> int | None:
 
 
 def nodes_of_job(db: Source, job_id: str) -> list[str]:
-    """The nodes this history holds any row about the job for."""
-    sql = " union ".join(
-        f"select distinct node from {t} where job_id = ?"
-        for t in ("jobs", "check_runs", "findings", "events", "drains", "samples")
-    )
+    """The nodes this history holds any row about the job for (each table's distinct
+    nodes found by index seeks, not by reading a month of samples)."""
+    found: dict[str, None] = {}
     with reading(db) as conn:
-        return [r[0] for r in conn.execute(sql, (job_id,) * 6) if r[0]]
+        for table in ("jobs", "check_runs", "findings", "events", "drains", "samples"):
+            last = ""
+            while True:
+                sql = f"select min(node) from {table} where job_id = ? and node > ?"
+                node = conn.execute(sql, (job_id, last)).fetchone()[0]
+                if node is None:
+                    break
+                found[node] = None
+                last = node
+    return list(found)
 
 
 def job_had_events(db: Source, job_id: str) -> bool:
@@ -107,16 +115,27 @@ def job_node_rows(
 
 
 def job_row_counts(db: Source, job_id: str, node: str) -> dict[str, int]:
-    """How many rows about the job on ``node`` each table holds (``samples``: GPU samples
-    only, not the task's)."""
-    sql = " union all ".join(
-        f"select count(*) from {t} where job_id = ? and node = ?"
-        + (" and gpu is not null" if t == "samples" else "")
-        for t in JOB_TABLES
-    )
+    """How many rows about the job on ``node`` each table holds (``samples``: the GPU
+    samples its rollups count, or the raw ones where it has none; never the task's):
+    O(buckets), not O(samples)."""
+    others = [t for t in JOB_TABLES if t != "samples"]
+    sql = " union all ".join(f"select count(*) from {t} where job_id = ? and node = ?"
+                             for t in others)  # fmt: skip
     with reading(db) as conn:
-        counts = [r[0] for r in conn.execute(sql, (job_id, node) * len(JOB_TABLES))]
-    return dict(zip(JOB_TABLES, counts, strict=True))
+        rows = conn.execute(sql, (job_id, node) * len(others))
+        counts = dict(zip(others, (r[0] for r in rows), strict=True))
+        counts["samples"] = _sample_count(conn, job_id, node)
+    return {t: counts[t] for t in JOB_TABLES}
+
+
+def _sample_count(conn: sqlite3.Connection, job_id: str, node: str) -> int:
+    if int(conn.execute("PRAGMA user_version").fetchone()[0]) >= 3:
+        sql = "select sum(n) from sample_rollups where job_id = ? and node = ?"
+        rolled = conn.execute(sql, (job_id, node)).fetchone()[0]
+        if rolled:
+            return int(rolled)
+    sql = "select count(*) from samples where job_id = ? and node = ? and gpu is not null"
+    return int(conn.execute(sql, (job_id, node)).fetchone()[0])
 
 
 def incident_rows(db: Source, job_id: str) -> list[dict[str, Any]]:
@@ -132,25 +151,26 @@ def incident_rows(db: Source, job_id: str) -> list[dict[str, Any]]:
 
 _PAST_SQL = """
 select job_id, ts, node, gpu, {what} as what, message, severity from {table}
-where (job_id is null or job_id != ?) and severity not in ('ok')
-  and ({pairs} or json_extract(evidence, '$.xid') in ({xids}))
+where (job_id is null or job_id != ?) and severity not in ('ok') and ts < ? and ({pairs})
 order by ts desc limit 50
 """
 
 
 def past_incident_rows(
-    db: Source, job_id: str, pairs: Iterable[tuple[str, int]], xids: Iterable[int]
+    db: Source, job_id: str, pairs: Iterable[tuple[str, int]], before: float
 ) -> list[dict[str, Any]]:
-    """Findings and events of other jobs on the same (node, GPU) pairs or with the same
-    Xids, newest first (at most 50 of each): ``job_id, ts, node, gpu, what, message,
-    severity`` where ``what`` is the check name or the event kind."""
-    pairs, xids = sorted(pairs), sorted(xids)
-    cond = " or ".join(["(node = ? and gpu = ?)"] * len(pairs)) or "0"
-    params: list[Any] = [job_id, *(v for p in pairs for v in p), *xids]
-    marks = ", ".join("?" * len(xids))
+    """Findings and events of other jobs (or of no job) on the given (node, GPU) pairs
+    from before ``before`` (the job's end), newest first, at most 50 of each: ``job_id,
+    ts, node, gpu, what, message, severity`` where ``what`` is the check name or the event
+    kind."""
+    pairs = sorted(pairs)
+    if not pairs:
+        return []
+    cond = " or ".join(["(node = ? and gpu = ?)"] * len(pairs))
+    params: list[Any] = [job_id, before, *(v for p in pairs for v in p)]
     out: list[dict[str, Any]] = []
     with reading(db) as conn:
         for table, what in (("findings", "check_name"), ("events", "kind")):
-            sql = _PAST_SQL.format(table=table, what=what, pairs=cond, xids=marks)
+            sql = _PAST_SQL.format(table=table, what=what, pairs=cond)
             out += dicts(conn, table, sql, params)
     return out

@@ -22,9 +22,10 @@ from slurmhealth.history.queries import (
     runs,
 )
 from slurmhealth.history.reader import Reader, Source, history_paths, open_reader
-from slurmhealth.history.samples import Series, gpu_samples, task_metrics
+from slurmhealth.history.samples import GpuRollup, Series, gpu_rollups, task_metrics
 
 __all__ = [
+    "GpuRollup",
     "Reader",
     "Series",
     "Source",
@@ -32,7 +33,7 @@ __all__ = [
     "baseline_rows",
     "check_runs",
     "drain_rows",
-    "gpu_samples",
+    "gpu_rollups",
     "history_paths",
     "incident_rows",
     "job_had_events",

@@ -106,12 +106,13 @@ def where_clause(filters: Iterable[tuple[str, Any]]) -> tuple[str, list[Any]]:
     return " where " + " and ".join(c for c, _ in given), [v for _, v in given]
 
 
-def history_paths(cfg: Config, nodes: Iterable[str] = ()) -> list[str]:
+def history_paths(cfg: Config, nodes: Iterable[str] = (), discover: bool = True) -> list[str]:
     """The history databases this host can read: its own, and when ``paths.db`` holds
-    ``{node}`` (several slurmd on one host, or a shared filesystem) each node's, named or
-    found. Only files that exist."""
+    ``{node}`` (several slurmd on one host, or a shared filesystem) each named node's and,
+    with ``discover``, every one found. Only files that exist."""
     paths = [cfg.db_path()]
     if "{node}" in cfg.paths.db:
         paths += [cfg.db_path(n) for n in nodes]
-        paths += sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
+        if discover:
+            paths += sorted(glob.glob(cfg.paths.db.replace("{node}", "*")))
     return [p for p in dict.fromkeys(paths) if os.path.exists(p)]

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from slurmhealth.history.schema import SAMPLE_COLUMNS
 from slurmhealth.model import Finding, NodeSnapshot, Severity
 
-# GPU fields a ``samples`` row keeps in ``metrics`` (None skipped)
+# GPU fields a ``samples`` row keeps, each in its column (``schema.SAMPLE_COLUMNS``)
 SAMPLE_FIELDS = (
     "utilization_gpu_pct", "utilization_memory_pct", "memory_used_bytes", "temperature_c",
     "margin_temperature_c", "power_w", "power_limit_w", "energy_j", "sm_clock_mhz",
@@ -125,12 +125,15 @@ def finding_row(run: CheckRun, f: Finding) -> dict[str, Any]:
 
 
 def sample_columns(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``samples`` columns copied out of ``metrics`` (what the report aggregates)."""
-    return {col: metrics.get(key) for key, col in SAMPLE_COLUMNS.items()}
+    """The ``samples`` columns of a GPU's ``metrics`` (field name -> value); the fields
+    without a column stay in the ``metrics`` JSON (None when there are none)."""
+    rest = {k: v for k, v in metrics.items() if k not in SAMPLE_COLUMNS}
+    cols = {col: metrics.get(key) for key, col in SAMPLE_COLUMNS.items()}
+    return {"metrics": rest or None, **cols}
 
 
 def sample_rows(snapshot: NodeSnapshot, job_id: str) -> list[dict[str, Any]]:
-    """One ``samples`` row per GPU: the fields the report plots, None skipped."""
+    """One ``samples`` row per GPU: its fields in their columns (None: unknown)."""
     rows = []
     for g in snapshot.gpus:
         metrics = {k: v for k in SAMPLE_FIELDS if (v := getattr(g, k)) is not None}
@@ -147,7 +150,6 @@ def sample_rows(snapshot: NodeSnapshot, job_id: str) -> list[dict[str, Any]]:
                 "job_id": job_id,
                 "gpu": g.index,
                 "uuid": g.uuid,
-                "metrics": metrics,
                 **sample_columns(metrics),
             }
         )

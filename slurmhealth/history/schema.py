@@ -54,7 +54,9 @@ COLUMNS: dict[str, dict[str, str]] = {
                     ("util_pct", _R), ("power_w", _R), ("mem_used_bytes", _I), ("temp_c", _R),
                     ("margin_c", _R), ("clock_reasons", _I), ("pcie_gen", _I),
                     ("pcie_width", _I), ("nvlink_active", _I), ("nvlink_errors", _I),
-                    ("pcie_replay", _I))}},
+                    ("pcie_replay", _I), ("mem_util_pct", _R), ("power_limit_w", _R),
+                    ("energy_j", _R), ("sm_clock_mhz", _R), ("ecc_uncorrectable", _I),
+                    ("remapped_uncorrectable", _I), ("status", _T))}},
     "evidence": {"id": _I, "ts": _R, "job_id": _T, "node": _T, "path": _T, "sha256": _T,
                  "size": _I, "kind": _T},
     "baselines": {"id": _I, "ts": _R, "node": _T, "kind": _T, "metric": _T, "value": _R,
@@ -71,17 +73,22 @@ INDEXES: dict[str, list[tuple[str, ...]]] = {
     "drains": [("node", "ts"), ("job_id",)],
     "jobs": [("node", "start_ts")],
     "events": [("node", "ts"), ("job_id",)],
-    "samples": [("node", "ts"), ("job_id",)],
+    "samples": [("job_id", "node", "gpu", "ts"), ("ts",)],
     "evidence": [("job_id",)],
     "baselines": [("node", "kind", "metric", "ts")],
 }
-# metrics keys also stored as columns of ``samples`` (the report aggregates them in SQL)
+# a GPU sample's fields -> their ``samples`` columns (since migration 3 a GPU row's
+# ``metrics`` JSON holds only fields without a column, usually none: NULL)
 SAMPLE_COLUMNS = {
     "utilization_gpu_pct": "util_pct", "power_w": "power_w",
     "memory_used_bytes": "mem_used_bytes", "temperature_c": "temp_c",
     "margin_temperature_c": "margin_c", "clock_event_reasons": "clock_reasons",
     "pcie_gen": "pcie_gen", "pcie_width": "pcie_width", "nvlink_active": "nvlink_active",
     "nvlink_errors": "nvlink_errors", "pcie_replay_errors": "pcie_replay",
+    "utilization_memory_pct": "mem_util_pct", "power_limit_w": "power_limit_w",
+    "energy_j": "energy_j", "sm_clock_mhz": "sm_clock_mhz",
+    "ecc_volatile_uncorrectable": "ecc_uncorrectable",
+    "remapped_rows_uncorrectable": "remapped_uncorrectable", "status": "status",
 }  # fmt: skip
 
 
@@ -112,6 +119,35 @@ def _sample_columns(db: Any) -> None:
     )  # fmt: skip
 
 
+@migration(3, "samples without the JSON duplicate; per-GPU rollups")
+def _rollups(db: Any) -> None:
+    """A GPU sample's ``metrics`` JSON repeated its columns (82% of the file): the fields
+    without a column get one, the JSON keeps only what no column holds (NULL when that is
+    nothing); the report's covering index gives way to ``sample_rollups`` (``rollups.py``).
+    Jobs sampled before this have no rollups: their readers recount the raw samples."""
+    have = set(db["samples"].columns_dict)
+    for column, kind in COLUMNS["samples"].items():
+        if column not in have:
+            db["samples"].add_column(column, {"INTEGER": int, "REAL": float}.get(kind, str))
+    sets = "".join(
+        f", {quote(c)} = coalesce({quote(c)}, json_extract(metrics, '$.{k}'))"
+        for k, c in SAMPLE_COLUMNS.items()
+    )
+    paths = ", ".join(f"'$.{k}'" for k in SAMPLE_COLUMNS)
+    db.execute(
+        f"UPDATE samples SET metrics = nullif(json_remove(metrics, {paths}), '{{}}'){sets}"
+        " WHERE gpu IS NOT NULL AND json_valid(metrics)"
+    )
+    for name in ("idx_samples_report", "idx_samples_node_ts", "idx_samples_job_id"):
+        db.execute(f"DROP INDEX IF EXISTS {quote(name)}")
+    for cols in INDEXES["samples"]:
+        db["samples"].create_index(list(cols), if_not_exists=True)
+    from slurmhealth.history.rollups import CREATE_SQL
+
+    for sql in CREATE_SQL:
+        db.execute(sql)
+
+
 def latest_version() -> int:
     return max(MIGRATIONS)
 
@@ -125,9 +161,12 @@ def check_version(path: str, found: int) -> None:
 
 def sql_value(value: Any) -> Any:
     """A Python value as sqlite stores it: JSON for containers, text for the rest."""
+    kind = type(value)
+    if kind is float or kind is str or value is None:  # most values: the fast way
+        return value
     if isinstance(value, int) and not -(2**63) <= value < 2**63:
         return str(value)  # too big for an sqlite INTEGER
-    if value is None or isinstance(value, int | float | str | bytes):
+    if isinstance(value, int | float | str | bytes):
         return value
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, default=str)
@@ -141,6 +180,11 @@ def decode(table: str, row: dict[str, Any]) -> dict[str, Any]:
         if isinstance(row.get(col), str):
             with contextlib.suppress(ValueError):
                 row[col] = json.loads(row[col])
+    if table == "samples" and row.get("gpu") is not None and "util_pct" in row:
+        # a GPU sample's fields by name, as they read before the columns held them
+        rest = row.get("metrics")
+        fields = {k: row[c] for k, c in SAMPLE_COLUMNS.items() if row.get(c) is not None}
+        row["metrics"] = {**fields, **(rest if isinstance(rest, dict) else {})}
     return row
 
 

@@ -41,6 +41,7 @@ from slurmhealth.history.spool import DEFAULT_MAX_BYTES, Spool, SpoolFull
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
+    from slurmhealth.history.retention import PruneResult, Retention
 
 log = logging.getLogger("slurmhealth.history")
 CORRUPT_KEY = "history_corrupt_total"
@@ -343,6 +344,24 @@ class History:
         fb = self.fallback
         if fb is not None and os.path.exists(fb.folder):
             fb.ingest(conn, self.path, counted, fb.buffer_path(os.getpid()))
+
+    def prune(self, policy: Retention, now: float | None = None) -> PruneResult:
+        """Delete what ``policy`` no longer keeps, a bounded amount (``history.retention``).
+        Raises :class:`StoreError` (:class:`SchemaTooNew` included) when it cannot."""
+        from slurmhealth.history.retention import prune
+
+        try:
+            return prune(self.connection(), policy, now)
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
+
+    def vacuum(self) -> None:
+        """Rebuild the file without its free pages (after a large prune). Raises
+        :class:`StoreError`."""
+        try:
+            self.connection().execute("VACUUM")
+        except (sqlite3.Error, OSError) as exc:
+            raise StoreError(f"{self.path}: {exc}") from exc
 
     # -- node state and health ------------------------------------------------------------
 

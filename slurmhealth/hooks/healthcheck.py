@@ -162,6 +162,7 @@ def healthcheck(cfg: Config) -> HealthcheckResult:
     history and its local slurmd."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
+    from slurmhealth.history.retention import prune_quietly
     from slurmhealth.hooks.prolog import Adapters
     from slurmhealth.slurm import local_job_ids, open_slurm
 
@@ -169,6 +170,9 @@ def healthcheck(cfg: Config) -> HealthcheckResult:
     slurm = open_slurm(cfg.slurm.backend, cfg.slurm.command_timeout_s)
     with History.for_node(cfg, node) as history:
         adapters = Adapters(slurm, lambda _timeout_s: open_backend(cfg), history)
-        return run_healthcheck(
-            cfg, node, adapters, lambda: local_job_ids(node, cfg.slurm.command_timeout_s)
-        )
+        try:
+            return run_healthcheck(
+                cfg, node, adapters, lambda: local_job_ids(node, cfg.slurm.command_timeout_s)
+            )
+        finally:  # retention keeps up during a month-long job too (bounded per run)
+            prune_quietly(history, cfg)

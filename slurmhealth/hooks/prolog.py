@@ -347,6 +347,7 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     and the node's history."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
+    from slurmhealth.history.retention import prune_quietly
     from slurmhealth.hooks.budget import prolog_budget
     from slurmhealth.hooks.inflight import InFlight
     from slurmhealth.slurm import open_slurm
@@ -366,6 +367,8 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     try:
         return run_hook(cfg, job, env, phase, Adapters(slurm, open_gpu, history), budget)
     finally:
+        if phase == "epilog":  # retention, bounded: after the verdict, never before a job
+            prune_quietly(history, cfg)
         history.close()
         if marker is not None:
             marker.done()

@@ -1,22 +1,21 @@
 """Turn what one node's history knows about a job into :class:`NodeFacts`.
 
-The history's named queries read the rows (the sample aggregation runs in SQL there, so a
-day of 10 s samples of 8 GPUs stays fast); here they become facts: p5, swings, throttle
-time and the plot series of each GPU, the task's throughput, the job's node list.
+The history's named queries read the rows and each GPU's rollups (O(GPUs x buckets), so a
+month-long job costs about what a day does); here they become facts: p5, throttle time and
+the plot series of each GPU, the task's throughput, the job's node list.
 """
 
 from __future__ import annotations
 
-import itertools
-import re
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from slurmhealth.checks.thermal import SEVERITY
 from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
 from slurmhealth.history import read
-from slurmhealth.history.read import Series, Source
+from slurmhealth.history.read import Source
+from slurmhealth.history.rollups import HIST_WIDTH
 from slurmhealth.model import CLOCK_EVENT_REASONS
 from slurmhealth.slurm import HostlistError, expand_hostlist, null
 
@@ -58,51 +57,37 @@ def _nodes(hostlist: str) -> tuple[str, ...]:
         return ()
 
 
-def _swings(values: Sequence[float]) -> int:
-    """How often utilisation crossed between idle (<10%) and busy (>90%): the extremes as a
-    string of l/h, then its l->h and h->l steps counted by the regex engine."""
-    marks = "".join(["l" if v < 10 else "h" for v in values if v < 10 or v > 90])
-    return len(_STEP.findall(marks))
-
-
-_STEP = re.compile(r"(?<=l)h|(?<=h)l")
-
-
 def _gpu_stats(db: Source, job_id: str, node: str) -> tuple[GpuStats, ...]:
-    """The SQL aggregates, and one pass over (ts, util, power, reasons) for what SQL does
-    not do well: p5, swings, throttle time and the plot series (a day of 10 s samples of
-    8 GPUs in ~0.15 s)."""
+    """Each GPU's stats from its rollups (O(buckets), whatever the job's length): exact
+    count, mean, min and max; p5 from the utilisation histogram (to within its bin);
+    throttle seconds as samples showing the reason x the sampling step."""
     out = []
-    for agg, rows in read.gpu_samples(db, job_id, node):
-        util = [r[1] for r in rows if r[1] is not None]
-        out.append(GpuStats(**agg, **_series_stats(rows, util)))
+    for g in read.gpu_rollups(db, job_id, node, MAX_SERIES):
+        step = g.step_s or 0.0
+        throttle = {name: round(g.reasons[name] * step, 1)
+                    for name in HW_THROTTLE.values() if g.reasons.get(name)}  # fmt: skip
+        p5 = _percentile(g.util_hist, 0.05)
+        if p5 is not None:
+            lo, hi = g.stats["util_min"], g.stats["util_max"]
+            p5 = min(max(p5, lo if lo is not None else p5), hi if hi is not None else p5)
+        out.append(GpuStats(**g.stats, util_p5=p5, throttle_seconds=throttle,
+                            series=tuple(g.series)))  # fmt: skip
     return tuple(out)
 
 
-def _series_stats(rows: Series, util: Sequence[float]) -> dict[str, Any]:
-    """p5, swings, throttle seconds and the plot series from (ts, util, power, reasons)."""
-    throttle: dict[str, float] = {}
-    if any(r[3] for r in rows):  # most jobs never throttle: skip the walk
-        reasons = [r[3] for r in rows]
-        ts = [r[0] for r in rows]
-        steps = [b - a for a, b in itertools.pairwise(ts) if b > a]
-        cap = 2 * statistics.median(steps) if steps else 0.0
-        for i in range(len(rows) - 1):
-            mask = reasons[i]
-            if mask:
-                dt = min(ts[i + 1] - ts[i], cap)
-                for bit, name in HW_THROTTLE.items():
-                    if int(mask) & bit:
-                        throttle[name] = throttle.get(name, 0.0) + dt
-    stride = max(1, len(rows) // MAX_SERIES)
-    util_sorted = sorted(util)
-    n = len(util_sorted)
-    return {
-        "util_p5": util_sorted[int(0.05 * (n - 1))] if n else None,
-        "util_swings": _swings(util),
-        "throttle_seconds": {k: round(v, 1) for k, v in throttle.items()},
-        "series": tuple((r[0], r[1], r[2]) for r in rows[::stride]),
-    }
+def _percentile(hist: Mapping[str, int], q: float) -> float | None:
+    """The lower edge of the histogram bin holding the ``q`` quantile (the sample of rank
+    ``int(q * (n - 1))``, as a sorted list would give it)."""
+    bins = sorted((int(k), n) for k, n in hist.items())
+    total = sum(n for _, n in bins)
+    if not total:
+        return None
+    rank, seen = int(q * (total - 1)), 0
+    for b, n in bins:
+        seen += n
+        if seen > rank:
+            return float(b * HIST_WIDTH)
+    return float(bins[-1][0] * HIST_WIDTH)
 
 
 def _task(db: Source, job_id: str, node: str) -> TaskFacts | None:

@@ -1,6 +1,8 @@
-"""Where ``slurmhealth report`` finds a job: every reachable history and the shared
-evidence dir's ``<job_id>/<node>/summary.json``, merged per node (a node's live history
-wins over its summary unless the summary was built from exactly the rows it holds now).
+"""Where ``slurmhealth report`` finds a job: this node's history and those of the job's
+nodes (never every ``{node}`` history of a shared path once the node list is known; one
+open at a time) and the shared evidence dir's ``<job_id>/<node>/summary.json``, merged per
+node (a node's live history wins over its summary unless the summary was built from
+exactly the rows it holds now).
 
 Reads go through the history's named queries; nothing here knows SQL. Times are UTC s.
 """
@@ -11,8 +13,9 @@ import contextlib
 import glob
 import json
 import os
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurmhealth.config import Config
@@ -102,36 +105,8 @@ def _owner(db: read.Reader, job_id: str) -> int | None:
         return None
 
 
-def scan(
-    cfg: Config, job_id: str, found: Summaries
-) -> tuple[JobFacts | None, int | None, list[OpenHistory], dict[str, str]]:
-    """The job row and owner from every reachable history, which nodes each one holds, and
-    the histories that could not be read (path -> why: corrupt, not a history, no access).
-    Two passes: the first may learn the job's node list, whose histories the second opens.
-    The caller closes the returned histories."""
-    job: JobFacts | None = None
-    owner: int | None = None
-    dbs: list[OpenHistory] = []
-    unreadable: dict[str, str] = {}
-    paths = read.history_paths(cfg)
-    for _ in range(2):
-        for path in paths:
-            if any(d.path == path for d in dbs) or path in unreadable:
-                continue
-            db = read.Reader(path)
-            try:
-                nodes, row = read.nodes_of_job(db, job_id), job_facts(db, job_id)
-            except read.StoreError as exc:
-                db.close()
-                unreadable[path] = str(exc.__cause__ or exc)
-                continue
-            dbs.append(OpenHistory(path, db, nodes))
-            job = job if row is None else merge_job(job, row)
-            owner = owner if owner is not None else _owner(db, job_id)
-        more = read.history_paths(cfg, (*(job.nodes if job else ()), *found))
-        if set(more) <= set(paths):
-            break
-        paths = more
+def _summary_job(job_id: str, found: Summaries) -> JobFacts | None:
+    job = None
     for _path, data in found.values():
         if isinstance(data.get("job"), dict):
             with contextlib.suppress(TypeError):
@@ -139,7 +114,61 @@ def scan(
                 extra["nodes"] = tuple(extra.get("nodes") or ())
                 extra["gpus"] = tuple(extra.get("gpus") or ())
                 job = merge_job(job, JobFacts(**extra))
-    return job, owner, dbs, unreadable
+    return job
+
+
+@dataclass
+class _Scan:
+    job_id: str
+    job: JobFacts | None = None
+    owner: int | None = None
+    dbs: list[OpenHistory] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+
+    def visit(self, path: str) -> None:
+        """Read what ``path`` knows of the job, then close it: one history open at a time."""
+        if path in self.seen:
+            return
+        self.seen.add(path)
+        with read.Reader(path) as db:
+            try:
+                nodes, row = read.nodes_of_job(db, self.job_id), job_facts(db, self.job_id)
+            except read.StoreError as exc:
+                self.unreadable[path] = str(exc.__cause__ or exc)
+                return
+            owner = _owner(db, self.job_id) if self.owner is None else self.owner
+        self.dbs.append(OpenHistory(path, db, nodes))
+        self.job = self.job if row is None else merge_job(self.job, row)
+        self.owner = owner
+
+    def nodes(self, extra: JobFacts | None) -> tuple[str, ...]:
+        return (*(self.job.nodes if self.job else ()), *(extra.nodes if extra else ()))
+
+
+def scan(
+    cfg: Config, job_id: str, found: Summaries
+) -> tuple[JobFacts | None, int | None, list[OpenHistory], dict[str, str]]:
+    """The job row and owner from the histories of this node and of the job's nodes (its
+    node list from a history or a summary), which nodes each one holds, and the histories
+    that could not be read (path -> why: corrupt, not a history, no access). Every other
+    ``{node}`` history is looked into, one at a time, only while the job's node list is
+    unknown. Each history is closed after reading (``OpenHistory.db`` reopens on use)."""
+    summary_job = _summary_job(job_id, found)
+    state = _Scan(job_id)
+    for path in read.history_paths(cfg, (*found, *state.nodes(summary_job)), discover=False):
+        state.visit(path)
+    for path in read.history_paths(cfg, state.nodes(summary_job), discover=False):
+        state.visit(path)
+    if not state.nodes(summary_job):
+        for path in read.history_paths(cfg):
+            state.visit(path)
+            if state.nodes(None):
+                break
+        for path in read.history_paths(cfg, state.nodes(None), discover=False):
+            state.visit(path)
+    job = state.job if summary_job is None else merge_job(state.job, summary_job)
+    return job, state.owner, state.dbs, state.unreadable
 
 
 def read_nodes(
@@ -153,7 +182,7 @@ def read_nodes(
     chosen: list[tuple[str, str, str, NodeFacts | None]] = []  # node, source, path, facts
     for node in dict.fromkeys([*job.nodes, *sorted(live), *sorted(found)]):
         summary = _node_summary(found, node)
-        if node in live and summary and _unchanged(live[node].db, job.job_id, node, summary):
+        if node in live and summary and _unchanged(live[node].path, job.job_id, node, summary):
             # the epilog's precomputed facts of exactly these history rows
             chosen.append((node, "summary-current", found[node][0], summary))
         elif node in live:
@@ -179,14 +208,15 @@ def _node_summary(found: Summaries, node: str) -> NodeFacts | None:
         return None
 
 
-def _unchanged(db: read.Reader, job_id: str, node: str, nf: NodeFacts) -> bool:
+def _unchanged(path: str, job_id: str, node: str, nf: NodeFacts) -> bool:
     """Whether the summary was built from exactly the rows the history holds now (rows are
     only ever appended), so its aggregates can stand in for a day of samples."""
     mine = {"check_runs": len(nf.runs), "findings": len(nf.findings), "events": len(nf.events),
             "drains": len(nf.drains), "evidence": len(nf.evidence),
             "samples": sum(g.samples for g in nf.gpus)}  # fmt: skip
     try:
-        return read.job_row_counts(db, job_id, node) == mine
+        with read.Reader(path) as db:
+            return read.job_row_counts(db, job_id, node) == mine
     except read.StoreError:
         return False
 
@@ -228,28 +258,21 @@ def _file_entry(item: Mapping[str, Any], folder: str | None) -> dict[str, Any]:
     }
 
 
-def _xids(facts: Facts) -> set[int]:
-    found = set()
-    for nf in facts.nodes:
-        for row in (*nf.findings, *nf.events):
-            ev = row.get("evidence")
-            if isinstance(ev, dict) and isinstance(ev.get("xid"), int):
-                found.add(int(ev["xid"]))
-    return found
-
-
 def past_incidents(dbs: list[OpenHistory], job_id: str, facts: Facts) -> list[PastIncident]:
-    """Other jobs' findings and events on this job's GPUs or with its Xids, newest first."""
+    """Other jobs' findings and events on this job's GPUs (the node and GPU pairs it
+    sampled or that its own rows name) from before its end, newest first; only the
+    histories of the job's nodes are read, one at a time."""
     pairs = {(nf.node, g.gpu) for nf in facts.nodes for g in nf.gpus}
     rows = [(nf.node, r) for nf in facts.nodes for r in (*nf.findings, *nf.events)]
     pairs |= {(n, r["gpu"]) for n, r in rows if r.get("gpu") is not None}
-    xids = _xids(facts)
-    if not pairs and not xids:
-        return []
+    before = facts.job.end_ts or time.time()
     found: dict[tuple[Any, ...], PastIncident] = {}
     for d in dbs:
-        with contextlib.suppress(read.StoreError):
-            for r in read.past_incident_rows(d.db, job_id, pairs, xids):
+        mine = {p for p in pairs if p[0] in d.nodes}
+        if not mine:
+            continue
+        with contextlib.suppress(read.StoreError), read.Reader(d.path) as db:
+            for r in read.past_incident_rows(db, job_id, mine, before):
                 inc = PastIncident(r["job_id"], float(r["ts"]), r["node"], r["gpu"],
                                    f"{r['what']}: {r['message']}",
                                    str(r["severity"] or "info"))  # fmt: skip

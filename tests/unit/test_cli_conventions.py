@@ -80,7 +80,7 @@ def _commands(
         assert cmd is not None
         if isinstance(cmd, click.Group):
             yield from _commands(cmd, (*prefix, name))
-        else:
+        if not isinstance(cmd, click.Group) or cmd.invoke_without_command:
             yield " ".join((*prefix, name)), cmd
 
 

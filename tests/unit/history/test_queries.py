@@ -96,12 +96,16 @@ def test_only_info_events_do_not_count_as_events(tmp_path: Path) -> None:
         assert not read.job_had_events(h, JOB)
 
 
-def test_past_incidents_are_other_jobs_on_the_same_gpu_or_xid(db: Path) -> None:
+def test_past_incidents_are_other_jobs_on_the_same_gpu_before_the_end(db: Path) -> None:
+    with History(db) as h:  # after job 42's end (100 s), and the same Xid on another GPU
+        h.write(Batch(inserts=[_row("events", 150.0, job="9", gpu=1, kind="ecc",
+                                    severity="fail", message="later")]))  # fmt: skip
     with Reader(db) as r:
-        past = read.past_incident_rows(r, JOB, {("n1", 1)}, {79})
-        none = read.past_incident_rows(r, JOB, set(), set())
-    assert [(p["job_id"], p["what"], p["node"], p["gpu"]) for p in past] == [
-        ("8", "xid", "n9", 2), ("7", "ecc", "n1", 1)]  # fmt: skip
+        past = read.past_incident_rows(r, JOB, {("n1", 1)}, 100.0)
+        later = read.past_incident_rows(r, JOB, {("n1", 1)}, 200.0)
+        none = read.past_incident_rows(r, JOB, set(), 100.0)
+    assert [(p["job_id"], p["what"], p["node"], p["gpu"]) for p in past] == [("7", "ecc", "n1", 1)]
+    assert [p["job_id"] for p in later] == ["9", "7"]
     assert none == []
 
 
@@ -121,13 +125,15 @@ def test_runs_drains_and_check_runs_are_newest_first_and_filtered(db: Path) -> N
     assert [r["run_id"] for r in validate] == [r["run_id"] for r in latest] == ["v1"]
 
 
-def test_gpu_samples_and_task_metrics(db: Path) -> None:
+def test_gpu_rollups_and_task_metrics(db: Path) -> None:
     with Reader(db) as r:
-        [(agg, series)] = read.gpu_samples(r, JOB, "n1")
+        [g] = read.gpu_rollups(r, JOB, "n1")
         tasks = read.task_metrics(r, JOB, "n1")
+    agg = g.stats
     assert agg["gpu"] == 0 and agg["uuid"] == "GPU-0" and agg["samples"] == 2
     assert agg["util_mean"] == 60.0 and agg["nvlink_errors_delta"] == 4
-    assert series == [(11.0, 50.0, 300.0, 0), (21.0, 70.0, 320.0, 0x40)]
+    assert g.series == [(11.0, 50.0, 300.0), (21.0, 70.0, 320.0)]  # a short job: every sample
+    assert g.reasons == {"hw_thermal": 1} and g.step_s == 10.0
     assert tasks == [{"kind": "task", "steps_total": 3}]
 
 

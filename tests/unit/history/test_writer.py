@@ -28,11 +28,12 @@ def test_fresh_db_gets_schema_and_reopening_does_not_migrate_again(tmp_path: Pat
     assert [(v, n) for v, n, _ in first] == [
         (1, "initial schema"),
         (2, "sample metrics as columns"),
+        (3, "samples without the JSON duplicate; per-GPU rollups"),
     ]
-    assert query(db, "PRAGMA user_version") == [(2,)]
+    assert query(db, "PRAGMA user_version") == [(3,)]
     assert query(db, "PRAGMA journal_mode") == [("wal",)]
     indexes = {name for (name,) in query(db, "SELECT name FROM sqlite_master WHERE type='index'")}
-    assert {"idx_check_runs_node_ts", "idx_findings_run_id", "idx_samples_job_id"} <= indexes
+    assert {"idx_check_runs_node_ts", "idx_findings_run_id", "idx_samples_ts"} <= indexes
 
     with History(db) as again:
         assert again.write(run_batch("r1", 1.0))
@@ -108,7 +109,7 @@ def test_two_processes_writing_at_once_into_a_fresh_db(tmp_path: Path) -> None:
     assert run_writers(db, ["a", "b"], 500) == ["500", "500"]
     assert query(db, "SELECT count(*) FROM check_runs") == [(1000,)]
     assert query(db, "SELECT count(*) FROM findings") == [(1000,)]
-    assert query(db, "SELECT count(*) FROM schema_migrations") == [(2,)]
+    assert query(db, "SELECT count(*) FROM schema_migrations") == [(3,)]
     assert query(db, "PRAGMA integrity_check") == [("ok",)]
 
 
@@ -117,7 +118,7 @@ def test_many_processes_opening_a_fresh_db_at_once_all_write(tmp_path: Path) -> 
     tags = [f"p{i}" for i in range(8)]
     assert run_writers(db, tags, 1) == ["1"] * 8
     assert query(db, "SELECT count(*) FROM check_runs") == [(8,)]
-    assert query(db, "SELECT version FROM schema_migrations") == [(1,), (2,)]
+    assert query(db, "SELECT version FROM schema_migrations") == [(1,), (2,), (3,)]
 
 
 def test_a_version_1_database_gains_the_sample_columns(tmp_path: Path) -> None:
@@ -138,5 +139,9 @@ def test_a_version_1_database_gains_the_sample_columns(tmp_path: Path) -> None:
         assert history.write(Batch(inserts=[("samples", row)]))
     have = {name for (_, name, *_) in query(db, "PRAGMA table_info(samples)")}
     assert set(COLUMNS["samples"]) <= have
-    assert query(db, "SELECT util_pct FROM samples ORDER BY ts") == [(None,), (60.0,)]
-    assert query(db, "PRAGMA user_version") == [(2,)]
+    # migration 3 moves the old row's JSON field into its column, leaving no JSON behind
+    assert query(db, "SELECT util_pct, metrics FROM samples ORDER BY ts") == [
+        (55.0, None),
+        (60.0, None),
+    ]
+    assert query(db, "PRAGMA user_version") == [(3,)]
