@@ -17,6 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
 from slurmhealth.config_ranges import validate as validate_ranges
+from slurmhealth.config_sections import (
+    BaselineConfig,
+    EvidenceConfig,
+    HistoryConfig,
+    MetricsConfig,
+    RdmaConfig,
+)
 from slurmhealth.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/slurmhealth/config.toml"
@@ -55,17 +62,6 @@ class PathsConfig:
     spool_max_bytes: int = 64 * 1024 * 1024  # beyond this, new batches are dropped (counted)
     evidence_dir: str = "/var/lib/slurmhealth/evidence"  # 0711: owners reach their bundles
     run_dir: str = "/run/slurmhealth"
-
-
-@dataclass(frozen=True)
-class HistoryConfig:
-    """Retention, done by the node itself after each epilog and health check (at most
-    ``prune_max_rows`` rows a run); 0 days keeps that kind forever."""
-
-    raw_samples_days: int = 14  # raw GPU samples (one per GPU per sidecar interval)
-    rollups_days: int = 400  # per-GPU 5-minute rollups: the report's stats and plots
-    records_days: int = 1825  # check runs, findings, events, drains, evidence rows, jobs
-    prune_max_rows: int = 100_000  # rows one prune deletes at most (in 5,000-row steps)
 
 
 @dataclass(frozen=True)
@@ -117,93 +113,10 @@ class SidecarConfig:
 
 
 @dataclass(frozen=True)
-class RdmaConfig:
-    """The RDMA network (docs/network.md): what the checks expect of the node's HCAs."""
-
-    enabled: bool = True  # read /sys/class/infiniband (a node without HCAs reads nothing)
-    sysfs_root: str = "/sys"  # tests and the demo point this at a generated tree
-    expected_hcas: int = 0  # HCAs the node must show (counted over `devices`); 0 = any
-    expected_rate_gbps: float = 0.0  # each judged port at least this fast; 0 = not checked
-    gpudirect: bool = False  # nvidia_peermem must be loaded (GPUDirect RDMA)
-    link_layer: str = ""  # judge only ports of this link layer (InfiniBand | Ethernet); "" = any
-    # the fabric's HCAs ("mlx5_0") or ports ("mlx5_0/1"); empty = every port (of link_layer)
-    devices: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
-
-    mode: str = "slurmhealth"  # slurmhealth | dcgm (dcgm-exporter exports the GPU counters)
-    bind: str = "0.0.0.0"
-    port: int = 9450  # the exporter's /metrics; 0 = no HTTP endpoint (textfile only)
-    textfile_dir: str = ""  # node_exporter's --collector.textfile.directory; "" = none
-    textfile_interval_s: float = 10.0  # how often slurmhealth.prom is rewritten there
-    per_link_nvlink: bool = False  # one series per NVLink and counter (18x per H100 GPU)
-    max_jobs: int = 256  # state files read per scrape, at most
-    max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
-    # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
-    fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
-
-
-@dataclass(frozen=True)
 class ChecksConfig:
     disabled: list[str] = field(default_factory=list)
     # [checks.<name>] tables: threshold overrides, validated against the check catalog
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class EvidenceConfig:
-    """The evidence bundle (``slurmhealth evidence``): per-source limits and permissions."""
-
-    source_timeout_s: float = 2.0  # each source (command, file, NVML read) at most this long
-    source_max_bytes: int = 4 * 1024 * 1024  # each file of the bundle at most this big
-    budget_s: float = 10.0  # the whole capture, all sources together (epilog default)
-    # group that may read every job (bundles, history, reports); "" = root only (plus the
-    # owner). Read for access from the root-owned system config only, never a user's own
-    admin_group: str = ""
-    nvidia_smi: str = "nvidia-smi"  # binary for nvidia-smi-q.txt / nvidia-smi-nvlink.txt
-    py_spy: str = "py-spy"  # binary for stacks.txt (the venv's own is found too)
-    scontrol: str = "scontrol"  # binary for slurm-job.txt / slurm-node.txt
-    # NCCL debug files (NCCL_DEBUG_FILE); placeholders {job_id}, {user}, {home}
-    nccl_globs: list[str] = field(default_factory=lambda: ["{home}/nccl-logs/{job_id}/*.log"])
-    nccl_tail_kib: int = 256  # last KiB kept of each NCCL file
-    nccl_max_files: int = 32
-    output_tail_kib: int = 64  # last KiB kept of the job's stdout / stderr
-    kernel_margin_s: float = 300.0  # kernel-log lines from job start - margin to end + margin
-    kernel_pattern: str = (
-        "Xid|NVRM|mlx5|Out of memory|oom-kill|Killed process|hung_task|blocked for more than"
-    )
-    summary_log_kib: int = 8  # each log tail kept in summary.json
-    max_age_days: float = 30.0  # `evidence prune` default; 0 = no age limit
-    max_total_gb: float = 0.0  # `evidence prune` default; 0 = no size limit
-
-
-@dataclass(frozen=True)
-class BaselineConfig:
-    """Benchmark baselines (``slurmhealth baseline``, ``slurmhealth validate``)."""
-
-    warn_pct: float = 10.0  # a metric this many percent worse than its reference: warn
-    fail_pct: float = 20.0  # ...this many percent worse: fail
-    outlier_fraction: float = 0.8  # below this share of the fleet median: an outlier
-    # pinned references, "kind.metric" = value (or just "metric" = value); else fleet median
-    pinned: dict[str, Any] = field(default_factory=dict)
-    # `slurmhealth validate` benchmarks: name (a parser kind) = command line (no shell)
-    validate_commands: dict[str, Any] = field(
-        default_factory=lambda: {
-            "nccl": "all_reduce_perf -b 8 -e 1G -f 2 -g 8",
-            "gpuburn": "gpu_burn 30",
-        }
-    )
-    validate_timeout_s: float = 600.0  # each validation benchmark at most this long
-    # optional prolog step: when the node's last validation (or last prolog run of it) is
-    # older than prolog_bench_max_age_s (0 = never), the prolog re-runs this short test
-    # within prolog_bench_timeout_s, stores it (label "prolog") and compares it to the fleet
-    prolog_bench_max_age_s: float = 0.0
-    prolog_bench_kind: str = "nvbandwidth"
-    prolog_bench_command: str = "nvbandwidth -t host_to_device_memcpy_ce"
-    prolog_bench_timeout_s: float = 3.0
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.state import Event
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
-    pass
+    from slurmhealth.model import NodeSnapshot, TaskStats
+    from slurmhealth.sidecar.detectors import Detectors
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -180,33 +181,19 @@ class Sidecar:
         return 0
 
     def _loop(self) -> None:
-        from slurmhealth.gpu import open_backend
-        from slurmhealth.kernel_log import KernelLogReader
         from slurmhealth.sidecar.detectors import Detectors
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
-        backend = open_backend(self.cfg)
-        try:
-            self._announce()
-        except BaseException:  # a full disk: leave nothing behind
-            self.cleanup()
-            backend.close()
-            raise
+        backend = self._open_and_announce()
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
-        source = self.cfg.kernel_log.source
-        if source == "auto":
-            source = backend.kernel_log_hint or "kmsg"
-        klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
-        with History.for_node(self.cfg, self.node) as history:
-            cursor = history.kv_get("kernel_log_cursor")  # read-only: the epilog owns it
+        klog, cursor = self._kernel_log(backend)
         xid_queue: list[XidEvent] = []
-        xid_thread = threading.Thread(
+        threading.Thread(
             target=self._watch_xids, args=(backend, xid_queue), daemon=True, name="xid-watch"
-        )
-        xid_thread.start()
+        ).start()
         task: TaskReader | None = None
         next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
         intervals = 0
@@ -222,16 +209,7 @@ class Sidecar:
                     xids = self._new_xids([*xid_queue, *klog_read.events])
                     xid_queue.clear()
                 if xids:
-                    by_bus = {}
-                    uuids = {}
-                    for g in snapshot.gpus:
-                        uuids[g.index] = g.uuid
-                        if g.pci_bus_id:
-                            by_bus[normalize_pci_bus_id(g.pci_bus_id)] = g.index
-                    for x in xids:
-                        if x.pci_bus_id in by_bus:
-                            self._xid_counts[(by_bus[x.pci_bus_id], x.xid)] += 1
-                    events += detectors.observe_xids(xids, by_bus, uuids)
+                    events += self._xid_events(detectors, snapshot, xids)
                 events += detectors.observe_kernel(klog_read.kernel_events, klog_read.events)
                 if task is None and os.path.isdir(self.files.job_dir):
                     model = next((g.name for g in snapshot.gpus if g.name), None)
@@ -243,30 +221,13 @@ class Sidecar:
                 self._record_events(events)
                 if any(e.kind in ("hang", "step_stall") for e in events):
                     self._capture_now(events)
-                self._pending_samples += rows.sample_rows(snapshot, self.labels.job_id)
-                if stats is not None and stats.steps_total != last_steps:
-                    last_steps = stats.steps_total  # the report's task facts (gpu = NULL)
-                    self._pending_samples.append(
-                        rows.task_row(asdict(stats), snapshot, self.labels.job_id)
-                    )
-                with self._lock:
-                    self._state = replace(
-                        self._state,
-                        snapshot=snapshot,
-                        xid_counts=dict(self._xid_counts),
-                        event_counts=dict(self._event_counts),
-                        task=stats,
-                        samples_total=self._state.samples_total + len(snapshot.gpus),
-                    )
-                self._publish()
+                last_steps = self._keep(snapshot, stats, last_steps)
                 intervals += 1
                 every = max(1, self.cfg.sidecar.flush_every)
                 self._flush(ingest=bool(events) or intervals % every == 0)
                 if time.monotonic() >= next_job_check:
                     next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
-                    if presence.ended():
-                        log.info("job %s has no process left here: sidecar exits",
-                                 self.labels.job_id)  # fmt: skip
+                    if self._job_ended(presence):
                         break
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
         finally:
@@ -274,6 +235,72 @@ class Sidecar:
             self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
             self.cleanup()
             backend.close()
+
+    def _open_and_announce(self) -> Any:
+        """The GPU backend, once the sidecar's files say it runs; on a failure (a full disk)
+        nothing is left behind."""
+        from slurmhealth.gpu import open_backend
+
+        backend = open_backend(self.cfg)
+        try:
+            self._announce()
+        except BaseException:
+            self.cleanup()
+            backend.close()
+            raise
+        return backend
+
+    def _kernel_log(self, backend: Any) -> tuple[Any, Any]:
+        """The kernel-log reader of the sidecar and where to start: the epilog's cursor
+        (read-only here: the epilog owns it)."""
+        from slurmhealth.kernel_log import KernelLogReader
+
+        source = self.cfg.kernel_log.source
+        if source == "auto":
+            source = backend.kernel_log_hint or "kmsg"
+        klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
+        with History.for_node(self.cfg, self.node) as history:
+            return klog, history.kv_get("kernel_log_cursor")
+
+    def _job_ended(self, presence: Any) -> bool:
+        if not presence.ended():
+            return False
+        log.info("job %s has no process left here: sidecar exits", self.labels.job_id)
+        return True
+
+    def _xid_events(
+        self, detectors: Detectors, snapshot: NodeSnapshot, xids: list[XidEvent]
+    ) -> list[Event]:
+        """The new Xids counted per GPU (matched by PCI bus id) and judged as events."""
+        by_bus: dict[str, int] = {}
+        uuids: dict[int, str | None] = {}
+        for g in snapshot.gpus:
+            uuids[g.index] = g.uuid
+            if g.pci_bus_id:
+                by_bus[normalize_pci_bus_id(g.pci_bus_id)] = g.index
+        for x in xids:
+            if x.pci_bus_id in by_bus:
+                self._xid_counts[(by_bus[x.pci_bus_id], x.xid)] += 1
+        return detectors.observe_xids(xids, by_bus, uuids)
+
+    def _keep(self, snapshot: NodeSnapshot, stats: TaskStats | None, last_steps: int) -> int:
+        """Queue the interval's samples (and the task's facts when a step came), update the
+        state the exporter serves and publish it; returns the steps counted so far."""
+        self._pending_samples += rows.sample_rows(snapshot, self.labels.job_id)
+        if stats is not None and stats.steps_total != last_steps:
+            last_steps = stats.steps_total  # the report's task facts (gpu = NULL)
+            self._pending_samples.append(rows.task_row(asdict(stats), snapshot, self.labels.job_id))
+        with self._lock:
+            self._state = replace(
+                self._state,
+                snapshot=snapshot,
+                xid_counts=dict(self._xid_counts),
+                event_counts=dict(self._event_counts),
+                task=stats,
+                samples_total=self._state.samples_total + len(snapshot.gpus),
+            )
+        self._publish()
+        return last_steps
 
     def _capture_now(self, events: list[Event]) -> None:
         """A hang: take the evidence (py-spy stacks!) while the processes are still alive,
