@@ -15,6 +15,16 @@ REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
 
 
+@pytest.fixture(autouse=True)
+def _history_migrates_again() -> Iterator[None]:
+    """A hook run in-process (CliRunner) tells History to leave migrations to the admin,
+    for the rest of its process: each test starts as a fresh process would."""
+    from slurmhealth.history import History
+
+    yield
+    History.defer_migrations = False
+
+
 @pytest.fixture
 def sim_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
     """Environment for a `slurmhealth` process on a simulated node with its own history."""

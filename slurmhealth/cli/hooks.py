@@ -17,6 +17,10 @@ SYSLOG_SOCKET = "/dev/log"
 
 
 def _hook_logging(name: str, node: str | None = None) -> None:
+    from slurmhealth.history import History
+
+    # every hook: an existing history is never migrated inside a hook's timeout (spooled)
+    History.defer_migrations = True
     node = node or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     who = f"node={node}" if name == "healthcheck" else (
         f"job={os.environ.get('SLURM_JOB_ID', '?')} node={node}"

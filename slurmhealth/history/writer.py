@@ -64,6 +64,11 @@ def is_corrupt(exc: BaseException) -> bool:
     )
 
 
+class MigrationDeferred(sqlite3.OperationalError):
+    """The database needs a migration that a hook leaves to the admin (see
+    :attr:`History.defer_migrations`): what the hook would write is spooled meanwhile."""
+
+
 class History:
     """The node's history database. ``busy_timeout_ms`` bounds waits on other writers;
     files are created with group ``admin_group``; the spool holds at most
@@ -190,6 +195,12 @@ class History:
         with contextlib.suppress(sqlite3.Error, OSError):
             self.connection()
 
+    defer_migrations = False
+    """Set by the hooks (prolog, epilog, sidecar, health check): an existing database is
+    never backed up and migrated inside a hook, whose timeout would kill a long migration
+    (and roll it back) at every job; its records are spooled until an admin command
+    (``slurmhealth history prune``, any command that writes the history) migrates it."""
+
     def _migrate(self, conn: sqlite3.Connection) -> None:
         # one process at a time: the backup must be of the old version, not a half-migrated one
         with folder_lock(os.path.dirname(self.path) or "."):
@@ -197,6 +208,11 @@ class History:
             check_version(self.path, old)
             if old >= latest_version():
                 return  # another process migrated it while we waited
+            if old > 0 and self.defer_migrations:
+                raise MigrationDeferred(
+                    f"schema version {old} needs migrating to {latest_version()}: run "
+                    f"`slurmhealth history prune --all` as root once (records are spooled)"
+                )
             if old > 0:
                 self._backup(conn, old)
             self._apply_migrations(conn)

@@ -199,3 +199,23 @@ def test_a_batch_spooled_by_an_older_release_lands_in_the_columns(tmp_path: Path
         (80.0, 5.0, '{"weird": 1}')
     ]
     assert query(path, "select n, util_sum from sample_rollups") == [(1, 80.0)]
+
+
+def test_a_hook_never_migrates_an_existing_history_it_spools_until_an_admin_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Inside a hook a long migration (and its backup) would be killed by the hook's
+    timeout at every job: the hook spools and says what to run; the admin's command
+    migrates and ingests what was spooled."""
+    path = tmp_path / "history.db"
+    _version_2_db(path, _samples(random.Random(5), 10))
+    monkeypatch.setattr(History, "defer_migrations", True)
+    assert History(path).write(Batch(kv={"from_the_hook": 1})) is False
+    assert query(path, "PRAGMA user_version") == [(2,)]
+    assert not (tmp_path / "history.db.bak-v2").exists()
+    assert "slurmhealth history prune --all" in caplog.text
+    monkeypatch.setattr(History, "defer_migrations", False)
+    with History(path) as admin:
+        assert admin.write(Batch())
+        assert admin.kv_get("from_the_hook") == 1
+    assert query(path, "PRAGMA user_version") == [(3,)]
