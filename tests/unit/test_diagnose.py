@@ -83,6 +83,14 @@ CASES: dict[str, Facts] = {
     ),
     "pcie_downgraded": facts(node(gpus=gpus(**{"6": {"pcie_width_min": 8}}))),
     "straggler_gpu": facts(node(gpus=gpus(**{"7": {"util_mean": 40.0}}))),
+    "nccl_socket_fallback": facts(
+        node(
+            logs={
+                "nccl": "n1:2:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0"
+            }
+        ),
+        node("n2"),
+    ),
     "straggler_rank": facts(
         node(events=(event("rank_straggler", severity="warn", rank=3, cause="compute"),))
     ),
@@ -550,3 +558,11 @@ def test_a_straggler_rank_is_named_with_its_node_in_the_verdict_and_the_steps() 
     d = one(diagnose(f), "straggler_rank")
     assert engine.verdict([d], f).startswith("rank 3 on n1 is the straggler")
     assert "(data)" in d.root_cause and "rank 3" in d.user_action
+
+
+def test_sockets_between_nodes_are_flagged_but_not_on_a_single_node_job() -> None:
+    line = "n1:2:9 [0] NCCL INFO Using network Socket"
+    two = facts(node(logs={"nccl": line}), node("n2"))
+    d = one(diagnose(two), "nccl_socket_fallback")
+    assert (d.fault_class, d.node) == ("system", "n1") and "--exclude=n1" in d.user_action
+    assert "nccl_socket_fallback" not in rules_of(diagnose(facts(node(logs={"nccl": line}))))
