@@ -141,6 +141,29 @@ _EVIDENCE = (("kind", "kind"), ("level", "level"), ("pci_bus_id", "bus"), ("code
 _EVENT_EVIDENCE = (("rank", "rank"), ("cause", "cause"))  # a rank_straggler event's
 
 
+KERNEL_SLACK_S = 5.0
+"""A kernel line stamped this long before the job started is the node's past, not the job's
+(the bundle's kernel log is the log's tail: a previous job's Xid would be blamed). The
+job's own faults are judged from the kernel reader's events and the checks' findings too,
+which this does not touch; the prolog's view of earlier ones is in its findings."""
+
+
+def _since(lines: list[str], start_ts: float | None) -> list[str]:
+    """The kernel-log lines not stamped before ``start_ts`` - :data:`KERNEL_SLACK_S` (lines
+    without a wall-clock time are kept: nothing says they are old)."""
+    if start_ts is None:
+        return lines
+    from slurmhealth.kernel_log.parse import split_line
+
+    cut = start_ts - KERNEL_SLACK_S
+    out = []
+    for line in lines:
+        wall = split_line(line, now=start_ts).wall
+        if wall is None or wall >= cut:
+            out.append(line)
+    return out
+
+
 class Scope:
     """One node's facts (and the job's): rows indexed once, made hits when a rule matches."""
 
@@ -188,7 +211,10 @@ class Scope:
     def lines(self, source: str) -> list[str]:
         if source not in self._lines:
             logs = self.node.logs if isinstance(self.node.logs, Mapping) else {}
-            self._lines[source] = [x for x in as_text(logs.get(source)).splitlines() if x.strip()]
+            kept = [x for x in as_text(logs.get(source)).splitlines() if x.strip()]
+            if source == "kernel":
+                kept = _since(kept, self.job.start_ts)
+            self._lines[source] = kept
         return self._lines[source]
 
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 from slurmhealth.config import Config
+from slurmhealth.errors import StoreError
 from slurmhealth.history import Batch, History, rows
 from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
@@ -259,8 +260,13 @@ class Sidecar:
         if source == "auto":
             source = backend.kernel_log_hint or "kmsg"
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
-        with History.for_node(self.cfg, self.node) as history:
-            return klog, history.kv_get("kernel_log_cursor")
+        try:
+            with History.for_node(self.cfg, self.node) as history:
+                return klog, history.kv_get("kernel_log_cursor")
+        except StoreError as exc:  # a full or broken disk: the sidecar samples all the same
+            log.warning("job %s: no kernel-log cursor (%s): reading the last %g s",
+                        self.labels.job_id, exc, self.interval * 2)  # fmt: skip
+            return klog, None
 
     def _job_ended(self, presence: Any) -> bool:
         if not presence.ended():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -566,3 +567,17 @@ def test_sockets_between_nodes_are_flagged_but_not_on_a_single_node_job() -> Non
     d = one(diagnose(two), "nccl_socket_fallback")
     assert (d.fault_class, d.node) == ("system", "n1") and "--exclude=n1" in d.user_action
     assert "nccl_socket_fallback" not in rules_of(diagnose(facts(node(logs={"nccl": line}))))
+
+
+def test_a_kernel_line_from_before_the_job_is_not_the_jobs_fault() -> None:
+    """The bundle's kernel log is the log's tail: the previous job's Xid 79 in it must not
+    make this job's verdict; the same line during the job does."""
+
+    def with_line(offset_s: float) -> Facts:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(T0 - 3600 + offset_s))
+        xid = "NVRM: Xid (PCI:0000:ab:00): 79, pid=1, name=p, GPU has fallen off the bus."
+        line = f"{stamp}.5+00:00 n1 kernel: {xid}"
+        return facts(node(logs={"kernel": line}))
+
+    assert "gpu_fell_off_bus" not in rules_of(diagnose(with_line(-60)))  # a minute before
+    assert "gpu_fell_off_bus" in rules_of(diagnose(with_line(+60)))  # during the job
