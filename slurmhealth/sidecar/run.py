@@ -27,6 +27,7 @@ from slurmhealth.history import Batch, History, rows
 from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.state import Event
+from slurmhealth.stopflag import StopFlag
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
     from slurmhealth.model import NodeSnapshot, TaskStats
@@ -64,7 +65,7 @@ class Sidecar:
         self.node = labels.node or cfg.node_name
         self.files = SidecarFiles.of(cfg, self.node, labels.job_id)
         self.interval = max(1.0, cfg.sidecar.interval_s)
-        self._stop = threading.Event()
+        self._stop = StopFlag()  # set by a signal handler: no lock (stopflag.py)
         self._state = ExportState(labels=labels, started_ts=time.time())
         self._lock = threading.Lock()
         self._pending_samples: list[dict[str, Any]] = []
@@ -178,6 +179,8 @@ class Sidecar:
         except BaseException as exc:
             lifecycle_log().error("%s died: %s", who, type(exc).__name__)
             raise
+        finally:
+            self._stop.close()
         lifecycle_log().info("%s stopped (%s)", who, self._why_stopped)
         return 0
 
