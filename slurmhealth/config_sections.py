@@ -1,6 +1,10 @@
 """The config sections of the later layers (history retention, the RDMA network, the
 node's metrics endpoint, evidence bundles, baselines): part of :class:`slurmhealth.config.Config`,
-kept here so that each module stays small. Read through ``slurmhealth.config``."""
+kept here so that each module stays small. Read through ``slurmhealth.config``.
+
+Every section (here and in ``config.py``) is ``frozen`` and ``eq=False``: nothing compares
+two configs, and each prolog would otherwise generate and compile an ``__eq__`` and a
+``__hash__`` per section (two of a frozen dataclass's six methods) before it checks a GPU."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HistoryConfig:
     """Retention, done by the node itself after each epilog and health check (at most
     ``prune_max_rows`` rows a run); 0 days keeps that kind forever."""
@@ -19,7 +23,7 @@ class HistoryConfig:
     prune_max_rows: int = 100_000  # rows one prune deletes at most (in 5,000-row steps)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RdmaConfig:
     """The RDMA network (docs/network.md): what the checks expect of the node's HCAs."""
 
@@ -33,7 +37,7 @@ class RdmaConfig:
     devices: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MetricsConfig:
     """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
 
@@ -49,7 +53,7 @@ class MetricsConfig:
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EvidenceConfig:
     """The evidence bundle (``slurmhealth evidence``): per-source limits and permissions."""
 
@@ -76,7 +80,7 @@ class EvidenceConfig:
     max_total_gb: float = 0.0  # `evidence prune` default; 0 = no size limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BaselineConfig:
     """Benchmark baselines (``slurmhealth baseline``, ``slurmhealth validate``)."""
 

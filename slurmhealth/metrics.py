@@ -27,7 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from slurmhealth.exposition import CONTENT_TYPE, render, serve
-from slurmhealth.model import CLOCK_EVENT_REASONS, ExportState, GpuState, GpuStatus, Job
+from slurmhealth.model import CLOCK_EVENT_REASONS, GpuState, GpuStatus
+from slurmhealth.model_records import ExportState, Job
 
 __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "render", "serve"]
 

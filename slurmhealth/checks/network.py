@@ -284,7 +284,7 @@ def _errors_finding(
     if not shown:
         return None
     span = max(g.span_s for g in shown.values())
-    text = ", ".join(f"{n} +{g.count:g} ({g.per_min:.3g}/min)" for n, g in shown.items())
+    text = ", ".join(f"{n} +{g.delta:g} ({g.per_min:.3g}/min)" for n, g in shown.items())
     text += f" over {span:.0f} s"
     if not failing:
         text += f" (fails at its rate over {th['min_window_s']:g} s and {th['min_count']:g} errors)"
@@ -296,7 +296,7 @@ def _errors_finding(
         p,
         f"errors growing: {text}",
         action=None if failing else Action.WARN,
-        counts={n: g.count for n, g in shown.items()},
+        counts={n: g.delta for n, g in shown.items()},
         per_min={n: round(g.per_min, 3) for n, g in shown.items()},
         window_s=round(span, 3),
         failing=failing,

@@ -4,18 +4,21 @@ and the driver's own verdict, and the faults that come without an Xid."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from slurmhealth.checks import CheckContext, check, finding
 from slurmhealth.model import (
     Action,
     Finding,
     GpuState,
-    KernelEvent,
     NodeSnapshot,
     Severity,
     XidEvent,
     normalize_pci_bus_id,
 )
+
+if TYPE_CHECKING:
+    from slurmhealth.model_records import KernelEvent  # built only where a fault was read
 
 
 @check(

@@ -102,7 +102,7 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
     """
     import json
 
-    from slurmhealth.model import Job
+    from slurmhealth.model_records import Job
     from slurmhealth.sidecar.lifecycle import LABELS_ENV
     from slurmhealth.sidecar.run import Sidecar
 

@@ -33,7 +33,7 @@ from slurmhealth.evidence.sources import (
     tail_file,
 )
 from slurmhealth.evidence.summary import write_summary
-from slurmhealth.model import Job
+from slurmhealth.model_records import Job
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import re
 
-from slurmhealth.model import KernelEvent, normalize_pci_bus_id
+from slurmhealth.model import normalize_pci_bus_id
+from slurmhealth.model_records import KernelEvent
 
 NET_EVENT_KINDS = (
     "net_link_down",

@@ -14,19 +14,21 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.kernel_log.parse import might_be_fault, parse_xid, split_line
 from slurmhealth.kernel_log.position import decode
-from slurmhealth.model import KernelEvent, XidEvent
+from slurmhealth.model import XidEvent
+
+if TYPE_CHECKING:
+    from slurmhealth.model_records import KernelEvent  # built only where a fault was read
 
 _XID_MARK = "NVRM: Xid ("
 _MAX_LINE = 65536
 _SUBPROCESS_MIN_S = 0.5
 
 
-@dataclass(frozen=True)
-class ReadResult:
+class ReadResult(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     """What one :meth:`KernelLogReader.read_new` call found.
 
     ``events`` are the Xids, ``kernel_events`` the other GPU faults (fallen off the bus
@@ -51,8 +53,7 @@ class ReadResult:
     rebuilt: bool = False
 
 
-@dataclass(frozen=True)
-class _Record:
+class _Record(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     text: str
     ts: float | None  # UTC seconds
     seq: int | None

@@ -18,8 +18,9 @@ from typing import Any
 from slurmhealth.checks import CheckContext, catalog, run_check
 from slurmhealth.checks.xid_table import judge
 from slurmhealth.config import ChecksConfig
-from slurmhealth.model import KernelEvent, NodeSnapshot, XidEvent
+from slurmhealth.model import NodeSnapshot, XidEvent
 from slurmhealth.model import normalize_pci_bus_id as _norm_bus
+from slurmhealth.model_records import KernelEvent
 from slurmhealth.sidecar.state import Event
 
 XID_DEDUPE_S = 2.0  # the same Xid on the same GPU this close in time: one event (two sources)

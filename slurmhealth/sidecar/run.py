@@ -24,13 +24,15 @@ from typing import TYPE_CHECKING, Any
 from slurmhealth.config import Config
 from slurmhealth.errors import StoreError
 from slurmhealth.history import Batch, History, rows
-from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
+from slurmhealth.model import XidEvent, normalize_pci_bus_id
+from slurmhealth.model_records import ExportState, Job
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.state import Event
 from slurmhealth.stopflag import StopFlag
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
-    from slurmhealth.model import NodeSnapshot, TaskStats
+    from slurmhealth.model import NodeSnapshot
+    from slurmhealth.model_records import TaskStats
     from slurmhealth.sidecar.detectors import Detectors
 
 log = logging.getLogger("slurmhealth.sidecar")

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from slurmhealth.exposition import serve
 from slurmhealth.history.node_queries import DrainInForce, LastCheck
 from slurmhealth.metrics import SidecarCollector
-from slurmhealth.model import TaskStats
+from slurmhealth.model_records import TaskStats
 from slurmhealth.node_metrics import NodeFacts, node_families
 from tests.prometheus_util import (
     answers,
