@@ -85,24 +85,19 @@ def facts_from_accounting(read: AccountingRead) -> Facts:
 
 
 def enabled(cfg: Config) -> bool:
-    """Whether the report may ask Slurm accounting (``report.accounting``, default on)."""
-    return bool(getattr(getattr(cfg, "report", None), "accounting", True))
+    """Whether the report may ask Slurm accounting (``report.accounting``)."""
+    return cfg.report.accounting
 
 
 def prometheus_stats(cfg: Config) -> tuple[GpuStatsFn | None, str]:
-    """The Prometheus per-GPU statistics source of ``report.prometheus_url``, and its URL;
-    (None, "") when none is configured or the client is not installed."""
-    section = getattr(cfg, "report", None)
-    url = str(getattr(section, "prometheus_url", "") or "")
+    """The per-GPU statistics source of ``report.prometheus_url`` and its URL; (None, "")
+    when none is configured."""
+    from slurmhealth.report.prometheus import PromSource
+
+    url = cfg.report.prometheus_url
     if not url:
         return None, ""
-    try:
-        from slurmhealth.report.prometheus import PromSource  # type: ignore[import-not-found]
-    except ImportError:
-        return None, url
-    timeout = float(getattr(section, "prometheus_timeout_s", 10.0) or 10.0)
-    source = PromSource(url, timeout)
-    return source.gpu_stats, url
+    return PromSource(url, cfg.report.prometheus_timeout_s).gpu_stats, url
 
 
 def read_accounting(job_id: str, slurm: SlurmCli | None = None) -> AccountingRead | None:
@@ -145,8 +140,7 @@ def read_details(
     if stats is None and not url:
         stats, url = prometheus_stats(cfg)
     if stats is None:
-        read.failed["prometheus"] = (f"{url}: the Prometheus client is not installed" if url
-                                     else "report.prometheus_url is not set")  # fmt: skip
+        read.failed["prometheus"] = "report.prometheus_url is not set"
         return
     if start is None:
         read.failed["prometheus"] = "the job has no start time"
