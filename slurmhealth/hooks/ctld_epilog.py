@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from slurmhealth.config import Config
 from slurmhealth.slurm import SlurmBackend, SlurmCli, expand_hostlist
@@ -87,7 +87,9 @@ def run_ctld_epilog(
     if missing:
         log.warning("no summary from %s after %.0f s: the stored summary knows less of them",
                     ",".join(missing), wait_s)  # fmt: skip
-    report = build_report(cfg, job_id)
+    # from the nodes' own records only: a summary made from accounting alone would store
+    # a verdict that never saw the GPUs (and the fallback would read this very comment)
+    report = build_report(replace(cfg, report=replace(cfg.report, accounting=False)), job_id)
     text = admin_comment.fit(report)
     backend = slurm if slurm is not None else SlurmCli(timeout_s=10.0)
     if not isinstance(backend, SlurmCli):
