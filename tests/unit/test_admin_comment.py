@@ -92,3 +92,26 @@ def test_hostile_or_foreign_admin_comments_read_as_no_summary() -> None:
     assert data["dr"] == [["n2", "r", None]]
     assert data["r"] == [["f", "n1", None, "xid", "fail", None, None, None, None, "m"]]
     assert data["cut"] == {"r": 3}
+
+
+def test_incompressible_text_is_cut_to_fit_and_the_headline_survives() -> None:
+    import random
+
+    rng = random.Random(1)
+    report = _report(64, 8)
+    noisy = []
+    for nf in report.nodes:
+        rows = tuple(
+            {**f, "message": "".join(rng.choices("abcdefghijklmnopqrstuvwxyz0123456789", k=200))}
+            for f in nf.findings
+        )
+        drains = tuple({**d, "reason": "".join(rng.choices("ABCDEFGHIJKLMNOPQRSTUVWXYZ", k=120))}
+                       for d in nf.drains)  # fmt: skip
+        noisy.append(type(nf)(node=nf.node, findings=rows, drains=drains, gpus=nf.gpus))
+    report.nodes = tuple(noisy)
+    text = ac.fit(report)
+    assert len(text) <= ac.MAX_CHARS
+    data = ac.decode(text)
+    assert data is not None and "Xid 79" in data["v"] and data["f"] == "hardware"
+    assert data["cut"]["r"] + len(data["r"]) == 512
+    assert all(row[-1] == "" for row in data["r"])  # messages went first
