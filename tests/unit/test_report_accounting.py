@@ -112,3 +112,17 @@ def test_another_user_is_refused_before_anything_else_is_read(
     with pytest.raises(AccessDenied, match="job 7 belongs to"):
         build_report(_cfg(tmp_path), "7", requester_uid=65534)
     assert [c[0] for c in accounting] == ["sacct"]  # no node events, no Prometheus
+
+
+def test_the_terminal_report_names_the_sources_it_read_and_those_it_could_not(
+    tmp_path: Path, accounting: list[list[str]]
+) -> None:
+    from rich.console import Console
+
+    from slurmhealth.report.render import print_report
+
+    con = Console(record=True, width=200)
+    print_report(build_report(_cfg(tmp_path), "7", requester_uid=os.getuid()), con)
+    text = con.export_text()
+    assert "read from Slurm accounting: accounting (sacct), summary (AdminComment)" in text
+    assert "not used: prometheus: report.prometheus_url is not set" in text
