@@ -23,6 +23,7 @@ from slurmhealth.config_sections import (
     HistoryConfig,
     MetricsConfig,
     RdmaConfig,
+    ReportConfig,
 )
 from slurmhealth.errors import ConfigError
 
@@ -134,6 +135,7 @@ class Config:
     rdma: RdmaConfig = field(default_factory=RdmaConfig)
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -168,6 +170,7 @@ ENV_KEYS: dict[str, str] = {
     "SLURMHEALTH_POLICY": "policy.mode",
     "SLURMHEALTH_RDMA_SYSFS": "rdma.sysfs_root",
     "SLURMHEALTH_FAIL_OPEN_LOG": "metrics.fail_open_log",  # the hook wrappers' setting
+    "SLURMHEALTH_PROMETHEUS_URL": "report.prometheus_url",
 }
 
 CHOICES: dict[str, tuple[str, ...]] = {

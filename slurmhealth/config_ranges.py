@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,7 @@ RANGES: Mapping[str, Bound] = {
     "baseline.prolog_bench_timeout_s": POSITIVE_S,
     "rdma.expected_hcas": Bound(0, 64),
     "rdma.expected_rate_gbps": Bound(0, 3200),  # XDR 8X = 1600 Gb/s; room for the next
+    "report.prometheus_timeout_s": Bound(0, 3600, low_open=True),
 }
 """The range of every numeric setting; for a table (``*.nvlinks_per_model``, ``pinned``)
 the range of each of its values."""
@@ -173,6 +175,28 @@ def _cross_rules(cfg: Config, env: Mapping[str, str]) -> None:
     _fits(cfg, env, "prolog", ["baseline.prolog_bench_timeout_s"])
     # the epilog stops the sidecar, checks the GPUs, then captures the evidence
     _fits(cfg, env, "epilog", ["sidecar.stop_grace_s", snapshot, klog, "evidence.budget_s"])
+    if (problem := url_problem(cfg.report.prometheus_url)) is not None:
+        _fail(cfg, "report.prometheus_url", problem)
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is no base URL of an HTTP service ("" is: none configured), or None. A
+    URL with credentials is never shown (the message may land in a log)."""
+    if url == "":
+        return None
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.username is not None or parts.password is not None:
+            return "expected a URL without user:password@ (credentials are not supported)"
+        parts.port  # noqa: B018 (raises on a port that is no number)
+    except ValueError:
+        parts = None
+    shown = repr(url) if url.isprintable() else ascii(url)
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"expected an http:// or https:// URL with a host, got {shown}"
+    if any(c.isspace() or not c.isprintable() for c in url) or parts.query or parts.fragment:
+        return f"expected a base URL (no spaces, query or fragment), got {shown}"
+    return None
 
 
 def _value(cfg: Config, dotted: str) -> float:

@@ -1,6 +1,7 @@
 """The config sections of the later layers (history retention, the RDMA network, the
-node's metrics endpoint, evidence bundles, baselines): part of :class:`slurmhealth.config.Config`,
-kept here so that each module stays small. Read through ``slurmhealth.config``.
+node's metrics endpoint, evidence bundles, baselines, the report's fleet sources): part of
+:class:`slurmhealth.config.Config`, kept here so that each module stays small. Read through
+``slurmhealth.config``.
 
 Every section (here and in ``config.py``) is ``frozen`` and ``eq=False``: nothing compares
 two configs, and each prolog would otherwise generate and compile an ``__eq__`` and a
@@ -104,3 +105,16 @@ class BaselineConfig:
     prolog_bench_kind: str = "nvbandwidth"
     prolog_bench_command: str = "nvbandwidth -t host_to_device_memcpy_ce"
     prolog_bench_timeout_s: float = 3.0
+
+
+@dataclass(frozen=True, eq=False)
+class ReportConfig:
+    """Where ``slurmhealth report`` finds a job no node history holds (a login node)."""
+
+    # the Prometheus that scrapes the nodes' exporters (http or https, its base URL, e.g.
+    # "http://prometheus:9090"): per-GPU stats and plots by job_id; "" = not asked
+    prometheus_url: str = ""
+    prometheus_timeout_s: float = 10.0  # all of one report's Prometheus queries together
+    # ask Slurm accounting (sacct, the AdminComment summary, sacctmgr's node events) for a
+    # job no node history or evidence summary reaches
+    accounting: bool = True

@@ -48,6 +48,11 @@ class StoreError(SlurmhealthError):
     """The history database could not be read."""
 
 
+class PrometheusError(SlurmhealthError):
+    """Prometheus could not answer (down, slow, refused the query, or sent no valid JSON).
+    The message is one line naming the server; the report shows the source as unavailable."""
+
+
 class SchemaTooNew(StoreError):
     """The history database was written by a newer slurmhealth (its ``PRAGMA user_version``
     is above every migration this one knows): refused rather than used. Exit 2."""

@@ -30,11 +30,13 @@ def require_tool(path: str) -> str:
     pytest.skip(reason)
 
 
-def promtool(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def promtool(
+    *args: str, stdin: str | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run ``promtool ARGS`` (skipping or failing as :func:`require_tool` says)."""
     tool = require_tool(PROMTOOL)
     return subprocess.run(
-        [tool, *args], input=stdin, capture_output=True, text=True, timeout=60, check=False
+        [tool, *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
@@ -59,10 +61,11 @@ def _stopper(proc: subprocess.Popen[bytes]) -> Callable[[], None]:
 
 
 def start_prometheus(
-    tmp_path: Path, config_text: str, timeout: float = 30.0
+    tmp_path: Path, config_text: str, timeout: float = 30.0, extra_args: tuple[str, ...] = ()
 ) -> tuple[str, Callable[[], None]]:
     """Start Prometheus on 127.0.0.1 with ``config_text``; return ``(base_url, stop)``.
 
+    Its data dir is ``tmp_path/tsdb`` (backfilled blocks placed there first are served).
     Waits until ``/-/ready`` answers. ``stop`` terminates the process by its pid (then kills
     it). Its log is ``tmp_path/prometheus.log``.
     """
@@ -81,6 +84,7 @@ def start_prometheus(
                     f"--storage.tsdb.path={tmp_path / 'tsdb'}",
                     f"--web.listen-address=127.0.0.1:{port}",
                     "--log.level=warn",
+                    *extra_args,
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -58,6 +58,14 @@ def load(tmp_path: Path, text: str, **env: str) -> Config:
         ("[checks.thermal]\nwarn_celsius = " + "9" * 400, "checks.thermal.warn_celsius"),
         ("[gpu]\nsnapshot_timeout_s = " + "9" * 400, "gpu.snapshot_timeout_s"),
         ("[metrics]\nport = " + "9" * 400, "metrics.port"),
+        ("[report]\nprometheus_timeout_s = 0", "report.prometheus_timeout_s"),
+        ('[report]\nprometheus_url = "prometheus:9090"', "report.prometheus_url"),
+        ('[report]\nprometheus_url = "ftp://prometheus:9090"', "report.prometheus_url"),
+        ('[report]\nprometheus_url = "http://"', "report.prometheus_url"),
+        ('[report]\nprometheus_url = "http://p:99999"', "report.prometheus_url"),
+        ('[report]\nprometheus_url = "http://p:90/?x=1"', "report.prometheus_url"),
+        ('[report]\nprometheus_url = "http://p:90/a b"', "report.prometheus_url"),
+        ('[report]\nprometheus_url = "http://me:secret@p:90"', "report.prometheus_url"),
     ],
 )
 def test_each_bad_value_names_the_file_and_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -71,6 +79,22 @@ def test_the_defaults_and_the_shipped_settings_pass(tmp_path: Path) -> None:
     assert cfg.sidecar.interval_s == 10.0
     sane = load(tmp_path, '[sidecar]\ninterval_s = 1\n[metrics]\nport = 0\nmode = "dcgm"\n')
     assert sane.metrics.port == 0 and sane.metrics.mode == "dcgm"
+
+
+def test_prometheus_urls_that_name_a_server_pass(tmp_path: Path) -> None:
+    assert load(tmp_path, "").report.prometheus_url == ""  # no Prometheus asked
+    for url in ("http://prometheus:9090", "https://p.example.org/prom/", "http://[::1]:9090"):
+        assert load(tmp_path, f'[report]\nprometheus_url = "{url}"').report.prometheus_url == url
+    env_url = load(tmp_path, "", SLURMHEALTH_PROMETHEUS_URL="http://p:9090").report
+    assert env_url.prometheus_url == "http://p:9090"
+
+
+def test_a_bad_prometheus_url_is_one_line_without_its_password(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, '[report]\nprometheus_url = "http://me:secret@p:90\\nx"')
+    assert "\n" not in str(err.value) and "secret" not in str(err.value)
+    with pytest.raises(ConfigError, match=r"report\.prometheus_url: expected an http"):
+        load(tmp_path, "", SLURMHEALTH_PROMETHEUS_URL="gopher://p")
 
 
 def test_a_value_from_the_environment_names_the_variable(tmp_path: Path) -> None:
