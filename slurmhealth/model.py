@@ -389,3 +389,4 @@ class ExportState:
     drains_suppressed_total: int = 0
     samples_total: int = 0
     started_ts: float = 0.0
+    rdma: Any = None  # the node's judged RDMA ports (rdma.model.RdmaSnapshot); None = not read

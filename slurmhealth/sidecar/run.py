@@ -77,6 +77,7 @@ class Sidecar:
         self._publish_failed = False
         self._history: History | None = None
         self._why_stopped = "job gone"
+        self._rdma_state: Any = None  # the judged ports last read; False: reading failed
         from slurmhealth.metrics import SidecarCollector
 
         mc = cfg.metrics
@@ -192,6 +193,7 @@ class Sidecar:
         backend = self._open_and_announce()
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
+        rdma = self._rdma_watch()
         presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
         klog, cursor = self._kernel_log(backend)
         xid_queue: list[XidEvent] = []
@@ -206,7 +208,7 @@ class Sidecar:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 snapshot = backend.snapshot(self.gpus)
-                events = detectors.observe(snapshot)
+                events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
                 klog_read = klog.read_new(cursor, time.time())
                 cursor = klog_read.cursor
                 with self._lock:
@@ -239,6 +241,31 @@ class Sidecar:
             self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
             self.cleanup()
             backend.close()
+
+    def _rdma_watch(self) -> Any:
+        """The RDMA ports' sampler and detector; None (nothing of it loaded) unless
+        ``[rdma]`` is enabled and the node shows RDMA devices."""
+        from slurmhealth.sidecar import rdma
+
+        return rdma.RdmaWatch(self.cfg) if rdma.configured(self.cfg) else None
+
+    def _rdma_step(self, watch: Any, snapshot: NodeSnapshot) -> list[Event]:
+        """One read of the RDMA ports (once per interval): their series for the next
+        publish, their events now. A failed read is logged once and judged nothing."""
+        if watch is None:
+            return []
+        from slurmhealth.sidecar.rdma import judged_only
+
+        try:
+            read = watch.read(snapshot)
+            events: list[Event] = watch.observe(read, snapshot)
+        except Exception as exc:  # fail open, loudly: the GPUs are still sampled
+            if self._rdma_state is not False:
+                log.warning("job %s: RDMA ports not read: %s", self.labels.job_id, exc)
+            self._rdma_state = False
+            return []
+        self._rdma_state = judged_only(read, watch.expect)
+        return events
 
     def _open_and_announce(self) -> Any:
         """The GPU backend, once the sidecar's files say it runs; on a failure (a full disk)
@@ -306,6 +333,7 @@ class Sidecar:
                 xid_counts=dict(self._xid_counts),
                 event_counts=dict(self._event_counts),
                 task=stats,
+                rdma=self._rdma_state or None,
                 samples_total=self._state.samples_total + len(snapshot.gpus),
             )
         self._publish()
