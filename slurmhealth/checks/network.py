@@ -55,7 +55,7 @@ def _ports(ctx: CheckContext) -> list[tuple[Hca, IbPort]]:
     return [(h, p) for h in ctx.rdma.hcas for p in h.ports if _expect(ctx).judged(p)]
 
 
-def _near(ctx: CheckContext, hca: Hca) -> tuple[list[int], list[str]]:
+def near_gpus(ctx: CheckContext, hca: Hca) -> tuple[list[int], list[str]]:
     """The GPUs behind the same PCIe switch as ``hca``: indices of those the GPU snapshot
     knows, and the PCI bus ids of all of them."""
     from slurmhealth.rdma.model import gpus_near
@@ -86,7 +86,7 @@ def _port_finding(
     action: Action | None = None,
     **evidence: Any,
 ) -> Finding:
-    gpus, buses = _near(ctx, hca)
+    gpus, buses = near_gpus(ctx, hca)
     where = port.name if port is not None else hca.name
     return finding(
         name,

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from slurmhealth.kernel_log.parse import might_be_fault, parse_xid, split_line
+from slurmhealth.kernel_log.parse import might_be_fault, might_be_net, parse_xid, split_line
 from slurmhealth.kernel_log.position import decode
 from slurmhealth.model import KernelEvent, XidEvent
 
@@ -74,11 +74,18 @@ class _Unavailable(Exception):
 
 
 def _kernel_events(recs: list[_Record], xids: tuple[XidEvent, ...]) -> tuple[KernelEvent, ...]:
-    """The non-Xid faults in ``recs``; the pattern module loads only when a line needs it."""
+    """The non-Xid faults in ``recs``, the GPUs' and the RDMA network's (mlx5 lines); each
+    pattern module loads only when a line needs it."""
     from slurmhealth.kernel_log.patterns import EventJoiner, resolve_gpu_numbers
 
     joiner = EventJoiner()
     events = [e for r in recs for e in joiner.feed(r.text, seq=r.seq, ts=r.ts)]
+    if net := [r for r in recs if might_be_net(r.text)]:
+        from slurmhealth.kernel_log.net_patterns import parse_net_event
+
+        found = (parse_net_event(r.text, seq=r.seq, ts=r.ts) for r in net)
+        events += [e for e in found if e is not None]
+        events.sort(key=lambda e: (e.seq is None, e.seq or 0, e.ts or 0.0))
     return tuple(resolve_gpu_numbers(events, xids))
 
 
@@ -183,7 +190,7 @@ class KernelLogReader:
                 n += 1
                 scan.cursor = rec.mark
                 any_time = any_time or rec.ts is not None
-                if might_be_fault(rec.text):
+                if might_be_fault(rec.text) or might_be_net(rec.text):
                     candidates.append(rec)
                 if n >= self.max_records:
                     scan.error = f"partial read: stopped after {n} records (max_records)"
