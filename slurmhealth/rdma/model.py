@@ -162,6 +162,7 @@ class PciGpu:
 
     pci_bus_id: str
     pcie_path: tuple[str, ...]
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -211,5 +212,10 @@ def shared_switch(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
 
 
 def gpus_near(hca: Hca, gpus: tuple[PciGpu, ...]) -> tuple[str, ...]:
-    """The PCI bus ids of the GPUs behind the same PCIe switch as ``hca``, sorted."""
-    return tuple(sorted(g.pci_bus_id for g in gpus if shared_switch(hca.pcie_path, g.pcie_path)))
+    """The PCI bus ids of the GPUs whose inter-node traffic ``hca`` carries, sorted: those
+    behind the same PCIe switch (NCCL's PIX/PXB pairing); when none is (an HCA on a root
+    port of its own), those on the same NUMA node (NCCL's NODE distance); else none."""
+    same = sorted(g.pci_bus_id for g in gpus if shared_switch(hca.pcie_path, g.pcie_path))
+    if same or hca.numa_node is None:
+        return tuple(same)
+    return tuple(sorted(g.pci_bus_id for g in gpus if g.numa_node == hca.numa_node))
