@@ -150,6 +150,10 @@ class Config:
     def spool_path(self, node: str | None = None) -> str:
         return self.expand(self.paths.spool, node) if self.paths.spool else ""
 
+    def rdma_root(self, node: str | None = None) -> str:
+        """``[rdma] sysfs_root`` for ``node`` (it may hold ``{node}``: a generated tree each)."""
+        return self.expand(self.rdma.sysfs_root, node)
+
 
 ENV_KEYS: dict[str, str] = {
     "SLURMD_NODENAME": "node.name",

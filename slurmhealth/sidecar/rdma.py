@@ -35,19 +35,19 @@ EVENT_KINDS = {"ib_errors": "ib_errors", "ib_port_state": "ib_port_down"}
 """The sidecar event a failing finding of each network check becomes."""
 
 
-def configured(cfg: Config) -> bool:
-    """Whether the node has RDMA devices the sidecar should sample (``[rdma]``)."""
-    root = os.path.join(cfg.rdma.sysfs_root, "class", "infiniband")
+def configured(cfg: Config, node: str | None = None) -> bool:
+    """Whether ``node`` has RDMA devices the sidecar should sample (``[rdma]``)."""
+    root = os.path.join(cfg.rdma_root(node), "class", "infiniband")
     return cfg.rdma.enabled and os.path.isdir(root)
 
 
 class RdmaWatch:
     """One job's sampler and detector of the node's RDMA ports."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, node: str | None = None) -> None:
         from slurmhealth.rdma import expect_from
 
-        self.root = cfg.rdma.sysfs_root
+        self.root = cfg.rdma_root(node)
         self._checks = cfg.checks
         self.expect: RdmaExpect = expect_from(cfg)
         self._counters: History = {}

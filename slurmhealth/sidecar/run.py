@@ -247,7 +247,7 @@ class Sidecar:
         ``[rdma]`` is enabled and the node shows RDMA devices."""
         from slurmhealth.sidecar import rdma
 
-        return rdma.RdmaWatch(self.cfg) if rdma.configured(self.cfg) else None
+        return rdma.RdmaWatch(self.cfg, self.node) if rdma.configured(self.cfg, self.node) else None
 
     def _rdma_step(self, watch: Any, snapshot: NodeSnapshot) -> list[Event]:
         """One read of the RDMA ports (once per interval): their series for the next

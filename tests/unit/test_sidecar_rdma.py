@@ -4,6 +4,7 @@ errors, bytes in bytes, not 4-byte words) and the ``ib_errors`` event, judged wi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -121,3 +122,15 @@ def test_the_jobs_rdma_series_per_judged_port_with_the_jobs_labels(tmp_path: Pat
     # only the fabric's ports ([rdma] devices), and a bounded set per port
     assert {dict(k[1])["hca"] for k in got} == {"mlx5_0", "mlx5_1"}
     assert len(got) <= 2 * 12
+
+
+def test_each_node_reads_its_own_tree_through_node_in_sysfs_root(tmp_path: Path) -> None:
+    from slurmhealth.hooks.rdma_read import read_rdma_for_checks
+
+    simtree.write_tree(str(tmp_path / "n2" / "sys"), simtree.preset("ndr4"))
+    cfg = config(tmp_path, root=tmp_path / "{node}" / "sys")
+    assert configured(cfg, "n2") and not configured(cfg, "n1")
+    assert RdmaWatch(cfg, "n2").root == str(tmp_path / "n2" / "sys")
+    rdma, counters = read_rdma_for_checks(cfg, replace(snap(0), node="n2"))
+    assert rdma is not None and len(rdma.hcas) == 4 and "ib:mlx5_1/1" in counters
+    assert read_rdma_for_checks(cfg, replace(snap(0), node="n1")) == (None, {})
