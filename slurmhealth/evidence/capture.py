@@ -255,7 +255,7 @@ def _plan(req: _Request, stdout_path: str | None, stderr_path: str | None,
     else:
         skipped["slurm"] = f"{ev.scontrol} not found"
     add("host", "host.txt", lambda t, d: _host(req, t, d))
-    for source, name, fn in rdma_sources(cfg.rdma.enabled, cfg.rdma_root(req.job.node), skipped):
+    for source, name, fn in rdma_sources(cfg, req.job.node, skipped):
         add(source, name, fn)
     return tasks, skipped
 

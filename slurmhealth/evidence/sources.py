@@ -18,7 +18,10 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
 
 _CHUNK = 65536
 
@@ -248,17 +251,18 @@ def rdma_sysfs(root: str, sink: Sink, deadline: float = 0.0) -> None:
 
 
 def rdma_sources(
-    enabled: bool, root: str, skipped: dict[str, str]
+    cfg: Config, node: str, skipped: dict[str, str]
 ) -> list[tuple[str, str, Callable[[Any, float], None]]]:
     """The RDMA evidence as (source, file, run) for the capture (``run(task, deadline)``
     writes into ``task.out()``): the ports' sysfs state and counters, and the RDMA tools'
     output where they are installed (the missing ones in ``skipped``); none on a node
-    without RDMA devices (``[rdma]``)."""
+    without RDMA devices (``[rdma]``): nothing to capture, nothing skipped."""
     import functools
     import shutil
 
-    if not (enabled and os.path.isdir(os.path.join(root, "class", "infiniband"))):
-        return []  # a node without RDMA devices: nothing to capture, nothing skipped
+    if not cfg.has_rdma(node):
+        return []
+    root = cfg.rdma_root(node)
     out = [("rdma-sysfs", "rdma-sysfs.json", _into_sink(functools.partial(rdma_sysfs, root)))]
     for source, name, argv in RDMA_COMMANDS:
         found = shutil.which(argv[0])

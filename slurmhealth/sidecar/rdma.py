@@ -14,7 +14,6 @@ exists when the sidecar starts.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -37,8 +36,7 @@ EVENT_KINDS = {"ib_errors": "ib_errors", "ib_port_state": "ib_port_down"}
 
 def configured(cfg: Config, node: str | None = None) -> bool:
     """Whether ``node`` has RDMA devices the sidecar should sample (``[rdma]``)."""
-    root = os.path.join(cfg.rdma_root(node), "class", "infiniband")
-    return cfg.rdma.enabled and os.path.isdir(root)
+    return cfg.has_rdma(node)
 
 
 class RdmaWatch:

@@ -289,7 +289,8 @@ class Sidecar:
         source = self.cfg.kernel_log.source
         if source == "auto":
             source = backend.kernel_log_hint or "kmsg"
-        klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
+        klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5,
+                               net=self.cfg.has_rdma(self.node))  # fmt: skip
         try:
             with History.for_node(self.cfg, self.node) as history:
                 return klog, history.kv_get("kernel_log_cursor")

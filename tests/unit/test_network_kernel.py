@@ -29,11 +29,11 @@ LINES = [
 ]
 
 
-def kernel_events(tmp_path: Path, lines: list[str]) -> tuple[KernelEvent, ...]:
+def kernel_events(tmp_path: Path, lines: list[str], net: bool = True) -> tuple[KernelEvent, ...]:
     log = tmp_path / "kmsg"
     recs = [format_kmsg_record(i + 1, 5_000_000 + i, t) for i, t in enumerate(lines)]
     log.write_text("".join(r + "\n" for r in recs))
-    res = KernelLogReader(str(log), boot_time=BOOT).read_new(None, BOOT + 10)
+    res = KernelLogReader(str(log), boot_time=BOOT, net=net).read_new(None, BOOT + 10)
     return res.kernel_events + res.old_kernel_events
 
 
@@ -53,6 +53,10 @@ def test_the_reader_passes_mlx5_faults_on_and_nothing_else(tmp_path: Path) -> No
         ("net_module", MLX5_1),
     ]
     assert events[1].device == "ibp60s0" and events[0].code == 1
+
+
+def test_a_node_without_rdma_devices_does_not_parse_mlx5_lines(tmp_path: Path) -> None:
+    assert kernel_events(tmp_path, LINES, net=False) == ()  # the hooks: cfg.has_rdma()
 
 
 def test_a_cable_error_on_the_fabrics_hca_drains_naming_it_and_its_gpus(tmp_path: Path) -> None:
