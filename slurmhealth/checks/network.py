@@ -60,7 +60,7 @@ def near_gpus(ctx: CheckContext, hca: Hca) -> tuple[list[int], list[str]]:
     knows, and the PCI bus ids of all of them."""
     from slurmhealth.rdma.model import gpus_near
 
-    buses = list(gpus_near(hca, ctx.rdma.gpus)) if ctx.rdma is not None else []
+    buses = list(gpus_near(hca, ctx.rdma.gpus, ctx.rdma.hcas)) if ctx.rdma is not None else []
     index: dict[str, int] = {}
     for g in ctx.snapshot.gpus:
         try:

@@ -97,8 +97,14 @@ class RdmaWatch:
         return out
 
 
-def judged_only(rdma: RdmaSnapshot, expect: RdmaExpect) -> RdmaSnapshot:
-    """``rdma`` with only the ports the checks judge (``[rdma] devices`` / ``link_layer``):
-    what the job's series show (a management NIC's port is not the job's network)."""
+def job_ports(rdma: RdmaSnapshot, expect: RdmaExpect) -> RdmaSnapshot:
+    """What the job's series show: the ports the checks judge (``[rdma] devices`` /
+    ``link_layer``: a management NIC is not the job's network) of the HCAs behind the job's
+    GPUs (``rdma.gpus`` are the job's: a 1-GPU job on an 8-HCA node shows one HCA); all the
+    judged ports when no HCA is known to be behind them."""
+    from slurmhealth.rdma.model import gpus_near
+
     hcas = [replace(h, ports=tuple(p for p in h.ports if expect.judged(p))) for h in rdma.hcas]
-    return replace(rdma, hcas=tuple(h for h in hcas if h.ports))
+    hcas = [h for h in hcas if h.ports]
+    near = [h for h in hcas if gpus_near(h, rdma.gpus, rdma.hcas)]
+    return replace(rdma, hcas=tuple(near or hcas))

@@ -254,7 +254,7 @@ class Sidecar:
         publish, their events now. A failed read is logged once and judged nothing."""
         if watch is None:
             return []
-        from slurmhealth.sidecar.rdma import judged_only
+        from slurmhealth.sidecar.rdma import job_ports
 
         try:
             read = watch.read(snapshot)
@@ -264,7 +264,7 @@ class Sidecar:
                 log.warning("job %s: RDMA ports not read: %s", self.labels.job_id, exc)
             self._rdma_state = False
             return []
-        self._rdma_state = judged_only(read, watch.expect)
+        self._rdma_state = job_ports(read, watch.expect)
         return events
 
     def _open_and_announce(self) -> Any:

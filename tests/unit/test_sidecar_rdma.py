@@ -13,17 +13,21 @@ from slurmhealth.config import Config, load_config
 from slurmhealth.metrics import SidecarCollector
 from slurmhealth.model import ExportState, Job, Severity
 from slurmhealth.rdma import simtree
-from slurmhealth.sidecar.rdma import RdmaWatch, configured, judged_only
+from slurmhealth.sidecar.rdma import RdmaWatch, configured, job_ports
 from slurmhealth.sidecar.state import Event
 from tests.unit.test_detectors import T0, snap
 
 FAST = "[checks.ib_errors]\nmin_window_s = 60\nmin_count = 5\n"
 
 
-def config(tmp_path: Path, toml: str = FAST, root: Path | None = None) -> Config:
+def config(
+    tmp_path: Path, toml: str = FAST, root: Path | None = None, devices: str = "mlx5_0 mlx5_1"
+) -> Config:
+    """[rdma] over the tree at ``root`` (default tmp_path/sys), the fabric ``devices``."""
     path = tmp_path / "config.toml"
     tree = root if root is not None else tmp_path / "sys"
-    path.write_text(f'[rdma]\nsysfs_root = "{tree}"\ndevices = ["mlx5_0", "mlx5_1"]\n{toml}')
+    fabric = ", ".join(f'"{d}"' for d in devices.split())
+    path.write_text(f'[rdma]\nsysfs_root = "{tree}"\ndevices = [{fabric}]\n{toml}')
     return load_config(str(path), env={}, flags={"paths.db": str(tmp_path / "h.db")})
 
 
@@ -89,10 +93,13 @@ def test_no_rdma_devices_means_no_watch(tmp_path: Path) -> None:
     assert not configured(config(tmp_path, root=tmp_path / "nothing"))
 
 
-def series(tmp_path: Path, cfg: Config) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def series(
+    tmp_path: Path, cfg: Config, gpus: range = range(8)
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The RDMA series of a job on ``gpus`` (the sidecar's snapshot holds the job's GPUs)."""
     w = RdmaWatch(cfg)
-    s = snap(30)
-    rdma = judged_only(w.read(s), w.expect)
+    s = replace(snap(30), gpus=tuple(g for g in snap(30).gpus if g.index in gpus))
+    rdma = job_ports(w.read(s), w.expect)
     job = Job(job_id="77", user="alice", node="n2", account="ml", partition="gpu")
     collector = SidecarCollector(lambda: ExportState(labels=job, snapshot=s, rdma=rdma))
     registry = CollectorRegistry()
@@ -134,3 +141,11 @@ def test_each_node_reads_its_own_tree_through_node_in_sysfs_root(tmp_path: Path)
     rdma, counters = read_rdma_for_checks(cfg, replace(snap(0), node="n2"))
     assert rdma is not None and len(rdma.hcas) == 4 and "ib:mlx5_1/1" in counters
     assert read_rdma_for_checks(cfg, replace(snap(0), node="n1")) == (None, {})
+
+
+def test_a_job_on_two_gpus_shows_only_the_hca_behind_them(tmp_path: Path) -> None:
+    symbol_errors(tmp_path)
+    cfg = config(tmp_path, "", devices="")  # every port judged: mlx5_0..mlx5_3
+    assert {dict(k[1])["hca"] for k in series(tmp_path, cfg)} == {f"mlx5_{i}" for i in range(4)}
+    got = series(tmp_path, cfg, gpus=range(2, 4))  # GPUs 2 and 3: mlx5_1's switch
+    assert {dict(k[1])["hca"] for k in got} == {"mlx5_1"} and len(got) <= 12
