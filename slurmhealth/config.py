@@ -152,6 +152,16 @@ class Config:
     def spool_path(self, node: str | None = None) -> str:
         return self.expand(self.paths.spool, node) if self.paths.spool else ""
 
+    def rdma_root(self, node: str | None = None) -> str:
+        """``[rdma] sysfs_root`` for ``node`` (it may hold ``{node}``: a generated tree each)."""
+        return self.expand(self.rdma.sysfs_root, node)
+
+    def has_rdma(self, node: str | None = None) -> bool:
+        """Whether ``[rdma]`` is enabled and ``node`` shows RDMA devices (one ``isdir``): the
+        network layer (its checks, series, mlx5 kernel-log lines, evidence) runs only then."""
+        root = os.path.join(self.rdma_root(node), "class", "infiniband")
+        return self.rdma.enabled and os.path.isdir(root)
+
 
 ENV_KEYS: dict[str, str] = {
     "SLURMD_NODENAME": "node.name",

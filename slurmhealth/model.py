@@ -231,6 +231,9 @@ class XidEvent:
     caused_by: int | None = None  # Xid 45 "... caused by previous Xid 149"
 
 
+KERNEL_EVENT_KINDS = ("fallen_off_bus", "gsp_timeout", "init_failed", "sxid", "pcie_aer")
+"""The kinds of :class:`slurmhealth.model_records.KernelEvent` (GPU faults without an Xid)."""
+
 MAX_GPU_INDEX = 1023
 """The highest GPU index a list may name (1024 GPUs per node): ``0-99999999999`` is a typo,
 refused in one line rather than built."""

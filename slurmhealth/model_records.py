@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from slurmhealth.model import NodeSnapshot
-
-KERNEL_EVENT_KINDS = ("fallen_off_bus", "gsp_timeout", "init_failed", "sxid", "pcie_aer")
 
 
 @dataclass(frozen=True)
 class KernelEvent:
     """A GPU fault in the kernel log that is not an ``NVRM: Xid`` line.
 
-    ``kind`` is one of :data:`KERNEL_EVENT_KINDS`. The GPU is ``pci_bus_id`` (normalised)
+    ``kind`` is one of :data:`slurmhealth.model.KERNEL_EVENT_KINDS`. The GPU is ``pci_bus_id``
+    (normalised)
     when the line names one, else ``gpu_number`` (the driver's ``GPU<n>``), else neither
     (a node-level fault). For ``sxid`` the bus id is the NVSwitch's and ``code`` the SXid;
     ``level`` is what the line says of itself: ``fatal``, ``non-fatal`` or ``corrected``.
@@ -99,3 +99,4 @@ class ExportState:
     drains_suppressed_total: int = 0
     samples_total: int = 0
     started_ts: float = 0.0
+    rdma: Any = None  # the node's judged RDMA ports (rdma.model.RdmaSnapshot); None = not read

@@ -127,6 +127,7 @@ def catalog() -> dict[str, CheckSpec]:
         gpu,
         memory,
         network,
+        network_kernel,
         nvlink,
         pcie,
         thermal,

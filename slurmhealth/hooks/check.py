@@ -194,6 +194,7 @@ def read_kernel_log(
         source,
         lookback_s=cfg.kernel_log.lookback_s,
         budget_s=cfg.kernel_log.budget_s if budget_s is None else budget_s,
+        net=cfg.has_rdma(),
     )
     return read_positioned(reader, stored.get(CURSOR_KEY), history.path, notes), source
 

@@ -57,6 +57,8 @@ KINDS: Mapping[str, Severity] = {
     "rank_straggler": Severity.WARN,  # a training rank the others wait for (task level)
     "throughput_drop": Severity.WARN,
     "step_stall": Severity.FAIL,
+    "ib_errors": Severity.FAIL,  # per port, by the RDMA watch (sidecar/rdma.py)
+    "ib_port_down": Severity.FAIL,
 }
 """Every event kind and its severity (``xid``, ``kernel``: decided per fault)."""
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from slurmhealth.kernel_log import KernelLogReader, split_line
 from slurmhealth.kernel_log.parse import parse_xid
 from slurmhealth.kernel_log.patterns import EventJoiner, parse_event
-from slurmhealth.model_records import KERNEL_EVENT_KINDS
+from slurmhealth.model import KERNEL_EVENT_KINDS
 
 N = 10_000
 BUS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")

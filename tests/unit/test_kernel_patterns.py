@@ -16,7 +16,7 @@ from slurmhealth.kernel_log.patterns import (
     parse_events,
     resolve_gpu_numbers,
 )
-from slurmhealth.model_records import KERNEL_EVENT_KINDS
+from slurmhealth.model import KERNEL_EVENT_KINDS
 
 XID = "NVRM: Xid (PCI:0000:53:00): 79, pid=1234, name=python3, GPU has fallen off the bus."
 
