@@ -17,11 +17,11 @@ from slurmhealth.model import NodeSnapshot
 class KernelEvent:
     """A GPU fault in the kernel log that is not an ``NVRM: Xid`` line.
 
-    ``kind`` is one of :data:`slurmhealth.model.KERNEL_EVENT_KINDS`. The GPU is ``pci_bus_id``
-    (normalised)
-    when the line names one, else ``gpu_number`` (the driver's ``GPU<n>``), else neither
-    (a node-level fault). For ``sxid`` the bus id is the NVSwitch's and ``code`` the SXid;
-    ``level`` is what the line says of itself: ``fatal``, ``non-fatal`` or ``corrected``.
+    ``kind`` is one of :data:`slurmhealth.model.KERNEL_EVENT_KINDS`. The GPU is
+    ``pci_bus_id`` (normalised) when the line names one, else ``gpu_number`` (the driver's
+    ``GPU<n>``), else neither (a node-level fault). For ``sxid`` the bus id is the
+    NVSwitch's and ``code`` the SXid; ``level`` is what the line says of itself:
+    ``fatal``, ``non-fatal`` or ``corrected``.
     """
 
     kind: str
