@@ -210,3 +210,47 @@ def test_slurm_24_11_prolog_drains_requeues_and_epilog_and_report_follow(
     assert report.returncode == 0, report.stderr + node.logs()
     answer = json.loads(report.stdout)
     assert "schema" in answer and job_id in report.stdout
+
+
+ADAPTER = """
+import json, sys
+from slurmhealth.slurm import SlurmCli, local_job_ids
+cli, job_id = SlurmCli(), sys.argv[1]
+job, show = cli.job(job_id), cli.show_job(job_id)
+print(json.dumps({
+    "nodes": {n.name: [n.state, n.reason, n.reason_user] for n in cli.nodes()},
+    "job": [job.user, job.account, job.partition, job.qos, job.nodes, job.state, job.comment],
+    "show": {k: show.get(k) for k in ("JobState", "StdOut", "Comment", "Extra", "NodeList")},
+    "unknown": cli.job("99999") is None,
+    "steps": {n: local_job_ids(n) for n in ("n1", "n2", "n9")},
+}))
+"""
+
+
+def test_slurm_adapter_reads_24_11_output_and_the_prolog_env_opt_out(node: SlurmNode) -> None:
+    """slurm.py's formats on 24.11's own sinfo, squeue, scontrol and listpids output; the
+    opt-out token arrives in the prolog's environment (SLURM_JOB_EXTRA, new since 23.x)."""
+    node.run("scontrol update NodeName=n1 State=RESUME")  # ours: the first test drained it
+    sub = node.run("sbatch --parsable -N1 -w n2 --gres=gpu:8 --comment='needs a|pipe' "
+                   "--extra=slurmhealth=off -o /dev/null --wrap 'sleep 30'")  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 60
+    while show_job(node, job_id).get("JobState") != "RUNNING":
+        assert time.monotonic() < deadline, show_job(node, job_id)
+        time.sleep(0.5)
+    node.run("scontrol update NodeName=n1 State=DRAIN Reason='slurmhealth: test'")
+    ran = node.run(f"/opt/slurmhealth/bin/python -c '{ADAPTER}' {job_id}")
+    assert ran.returncode == 0, ran.stderr
+    seen = json.loads(ran.stdout)
+    assert seen["nodes"]["n1"] == ["drained", "slurmhealth: test", "root"]
+    assert seen["nodes"]["n2"] == ["mixed", "", ""]  # sinfo prints "root" as %u here
+    assert seen["job"] == ["root", "", "gpu", "", "n2", "running", "needs a|pipe"]
+    assert seen["show"] == {"JobState": "RUNNING", "StdOut": "/dev/null",
+                            "Comment": "needs a|pipe", "Extra": "slurmhealth=off",
+                            "NodeList": "n2"}  # fmt: skip
+    assert seen["unknown"] is True
+    assert seen["steps"] == {"n1": [], "n2": [job_id], "n9": None}
+    log = (node.root / "var/log/slurmhealth/slurmhealth.log").read_text()
+    assert f"prolog[job={job_id} node=n2]: WARNING: job {job_id} opted out" in log
+    node.run(f"scancel {job_id}")
