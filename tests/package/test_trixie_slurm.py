@@ -200,16 +200,26 @@ def test_slurm_24_11_prolog_drains_requeues_and_epilog_and_report_follow(
     db = {n: node.root / f"var/lib/slurmhealth/{n}/history.db" for n in ("n1", "n2")}
     (drain,) = rows(db["n1"], "select * from drains where state = 'drained'")
     assert drain["job_id"] == job_id and drain["reason"].startswith("slurmhealth: nvlink")
-    # the prolog on n2 let it start, the epilog on n2 recorded its end
-    phases = rows(db["n2"], "select phase, status from check_runs where job_id = ?", job_id)
-    assert ("prolog", "ok") in [(r["phase"], r["status"]) for r in phases], phases
-    assert "epilog" in [r["phase"] for r in phases], [dict(r) for r in phases]
+    # the epilog ran after the failed launch on n1 too; on n2 the prolog let the job start
+    # and the epilog recorded its end
+    for name, prolog in (("n1", "fail"), ("n2", "ok")):
+        sql = "select phase, status from check_runs where job_id = ?"
+        phases = [(r["phase"], r["status"]) for r in rows(db[name], sql, job_id)]
+        assert ("prolog", prolog) in phases and "epilog" in dict(phases), (name, phases)
     (rec,) = rows(db["n2"], "select * from jobs where job_id = ?", job_id)
     assert rec["state"] == "completed" and rec["partition"] == "gpu"
     report = node.run(f"slurmhealth report {job_id} --json")
     assert report.returncode == 0, report.stderr + node.logs()
     answer = json.loads(report.stdout)
-    assert "schema" in answer and job_id in report.stdout
+    assert answer["schema"].startswith("slurmhealth.report/") and answer["job"]["job_id"] == job_id
+    assert re.search(r"NVLink .* on n1 \(GPU 3\).*n1 drained", answer["verdict"]), answer["verdict"]
+    seen = [(e["node"], e["kind"], e["text"].split(" in ")[0]) for e in answer["timeline"]]
+    assert ("n1", "run", "prolog fail on 8 GPU(s)") in seen and (
+        "n2",
+        "run",
+        "prolog ok on 8 GPU(s)",
+    ) in seen
+    assert {"n1", "n2"} <= {s["node"] for s in answer["sources"]}
 
 
 ADAPTER = """
