@@ -93,6 +93,13 @@ def debian_root(codename: str, where: Path, include: str = "", packages: str = "
     return time.monotonic() - t0
 
 
+def remove_root(root: Path) -> None:
+    """Delete a root (some hundreds of MB) once nothing is mounted below it."""
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert f" {root}/" not in mounts, f"still mounted below {root}: not removed"
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _apt_install(root: Path, packages: str) -> None:
     """apt-get install PACKAGES in ``root`` (no service starts), then empty apt's caches;
     /proc is mounted in a private mount namespace, gone when the command ends."""

@@ -19,7 +19,15 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.hooks.snapshot_cache import MAX_AGE_S
-from tests.package.debian_root import REPO, build_deb, chroot, debian_root, host_codename, sh
+from tests.package.debian_root import (
+    REPO,
+    build_deb,
+    chroot,
+    debian_root,
+    host_codename,
+    remove_root,
+    sh,
+)
 
 SCENARIOS = "/opt/slurmhealth/lib/python{v}/site-packages/slurmhealth/scenarios"
 PY = "/opt/slurmhealth/bin/python"
@@ -50,6 +58,7 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield where
     finally:
         sh("umount", "-l", str(where / "proc"))
+        remove_root(where)
 
 
 def prolog(root: Path, scenario: str, job: str) -> subprocess.CompletedProcess[str]:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.package.debian_root import REPO, chroot, debian_root, sh
+from tests.package.debian_root import REPO, chroot, debian_root, remove_root, sh
 from tests.package.slurm_node import SlurmNode
 
 pytestmark = [
@@ -154,9 +154,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmNode]:
         TIMINGS["total"] = time.monotonic() - t0
         print("\ntrixie smoke timings (s): " + ", ".join(
             f"{k} {v:.1f}" for k, v in TIMINGS.items()), file=sys.stderr)  # fmt: skip
-        mounts = Path("/proc/self/mountinfo").read_text()
-        assert f" {root}/" not in mounts, "a mount of the namespace is seen outside"
-        shutil.rmtree(root.parent, ignore_errors=True)
+        remove_root(root)  # its namespace's mounts were never seen out here
 
 
 def show_job(node: SlurmNode, job_id: str) -> dict[str, str]:
