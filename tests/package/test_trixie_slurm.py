@@ -192,6 +192,8 @@ def test_slurm_24_11_prolog_drains_requeues_and_epilog_and_report_follow(
     assert job["NodeList"] == "n2" and int(job["Restarts"]) >= 1, job
     assert (node.root / f"tmp/job-{job_id}.out").read_text().strip() == "ran on n2"
     # n1 drained with slurmhealth's reason, as `sinfo -R` shows it
+    plain = node.run("sinfo -R").stdout  # REASON cut at 20 characters, as admins see it
+    assert re.search(r"^slurmhealth: nvlink_ +root .* n1$", plain, re.M), plain
     reasons = node.run("sinfo -R -h -o '%n|%E'").stdout
     assert re.search(r"^n1\|slurmhealth: nvlink_inactive gpu3", reasons, re.M), reasons
     assert "drain" in node.states()["n1"]
