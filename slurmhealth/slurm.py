@@ -179,7 +179,9 @@ _SHOW_KEY = re.compile(r" (?=" + _KEY + "=)")
 def parse_nodes(out: str) -> list[NodeInfo]:
     """``sinfo -h -N -o SINFO_FORMAT`` output as one :class:`NodeInfo` per node; lines of
     another shape are skipped. sinfo's "unset" spellings (``none``, ``Unknown``,
-    ``(null)``) become empty."""
+    ``(null)``) become empty. The user and time belong to the reason: without one they are
+    left empty (24.11 prints the user of a node's last state change, e.g. ``root`` for an
+    idle node that registered; 22.05 prints ``Unknown``)."""
     seen: dict[str, NodeInfo] = {}
     for line in out.splitlines():
         parts = line.split("|", 4)
@@ -192,7 +194,7 @@ def parse_nodes(out: str) -> list[NodeInfo]:
             name=name,
             state=state.lower(),
             reason=reason,
-            reason_user="" if user == "Unknown" else user,
+            reason_user="" if user == "Unknown" or not reason else user,
             reason_time=_parse_time(when) if reason else None,
         )
     return list(seen.values())

@@ -3,7 +3,8 @@ run literally, the prolog wrapper on the simulator, an upgrade that keeps an edi
 conffile, a downgrade below a newer history (refused in one line, the prolog fails open),
 removal that keeps the config and purge that removes it. And the wheel path of
 the README with ``--prefix`` into a temp dir. Root only; minutes (debootstrap about 2 min
-here, each package build under 1 min): marked slow, CI runs it (scripts/test)."""
+here, seconds once its tarball is cached: debian_root.py; each package build under 1 min):
+marked slow, CI runs it (scripts/test)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,16 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.hooks.snapshot_cache import MAX_AGE_S
+from tests.package.debian_root import (
+    REPO,
+    build_deb,
+    chroot,
+    debian_root,
+    host_codename,
+    remove_root,
+    sh,
+)
 
-REPO = Path(__file__).resolve().parents[2]
-MIRROR = os.environ.get("SLURMHEALTH_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 SCENARIOS = "/opt/slurmhealth/lib/python{v}/site-packages/slurmhealth/scenarios"
 PY = "/opt/slurmhealth/bin/python"
 DB = "/var/lib/slurmhealth/history/history.db"
@@ -40,41 +48,17 @@ def readme_block(tag: str) -> list[str]:
     return [ln for ln in lines if ln and not ln.startswith("#")]
 
 
-def sh(
-    *argv: str, cwd: Path | None = None, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, check=False, cwd=cwd, env=env)
-
-
-def build_deb(outdir: Path, revision: int) -> Path:
-    done = sh(str(REPO / "scripts/build-deb"), "--revision", str(revision), "--outdir", str(outdir))
-    assert done.returncode == 0, done.stderr
-    return Path(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh minimal Debian root of the host's release (the venv links to its python3)."""
-    for tool in ("debootstrap", "dpkg-deb", "chroot"):
-        if shutil.which(tool) is None:
-            pytest.fail(f"{tool} is not installed (apt-get install debootstrap)")
-    codename = re.search(r"^VERSION_CODENAME=(\w+)", Path("/etc/os-release").read_text(), re.M)
-    assert codename
     where = tmp_path_factory.mktemp("debian") / "root"
-    made = sh("debootstrap", "--variant=minbase", "--include=python3", codename.group(1),
-              str(where), MIRROR)  # fmt: skip
-    assert made.returncode == 0, made.stdout[-2000:] + made.stderr[-2000:]
+    debian_root(host_codename(), where, include="python3")
     sh("mount", "-t", "proc", "proc", str(where / "proc"))
     try:
         yield where
     finally:
         sh("umount", "-l", str(where / "proc"))
-
-
-def chroot(root: Path, script: str, **env: str) -> subprocess.CompletedProcess[str]:
-    base = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
-    return sh("chroot", str(root), "env", "-i", *(f"{k}={v}" for k, v in {**base, **env}.items()),
-              "sh", "-euc", script)  # fmt: skip
+        remove_root(where)
 
 
 def prolog(root: Path, scenario: str, job: str) -> subprocess.CompletedProcess[str]:
