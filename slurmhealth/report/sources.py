@@ -55,11 +55,19 @@ class OpenHistory:
 
 
 def merge_job(a: JobFacts | None, b: JobFacts) -> JobFacts:
-    """Fill what ``a`` lacks from ``b`` (each node knows part: start on one, end on another)."""
+    """Fill what ``a`` lacks from ``b`` (each node knows part: start on one, end on another).
+
+    A requeued job has attempts one after the other (a node whose prolog failed ran its
+    epilog before the job started again elsewhere): the later attempt's outcome, exit code
+    and nodes are the job's; the earlier attempt's node stays in the story through its own
+    rows (its drain)."""
     if a is None:
         return b
-    changes = {k: v for k, v in vars(b).items() if v not in (None, "", ()) and not getattr(a, k)}
-    merged = replace(a, **changes)
+    if _after(b, a) or _after(a, b):
+        first, last = (a, b) if _after(b, a) else (b, a)
+        fill = {k: v for k, v in _missing(last, first).items() if k not in _OUTCOME}
+        return replace(last, start_ts=first.start_ts or last.start_ts, **fill)
+    merged = replace(a, **_missing(a, b))
     if a.start_ts and b.start_ts and b.start_ts < a.start_ts:
         merged = replace(merged, start_ts=b.start_ts)
     if a.end_ts and b.end_ts and b.end_ts > a.end_ts:
@@ -69,6 +77,19 @@ def merge_job(a: JobFacts | None, b: JobFacts) -> JobFacts:
     if b.exit_code not in (None, "", "0:0") and merged.exit_code in (None, "", "0:0"):
         merged = replace(merged, exit_code=b.exit_code)
     return merged
+
+
+_OUTCOME = ("state", "exit_code", "end_ts", "nodes", "start_ts")
+
+
+def _missing(a: JobFacts, b: JobFacts) -> dict[str, Any]:
+    """What ``b`` knows that ``a`` does not."""
+    return {k: v for k, v in vars(b).items() if v not in (None, "", ()) and not getattr(a, k)}
+
+
+def _after(later: JobFacts, earlier: JobFacts) -> bool:
+    """``later`` started after ``earlier`` had ended: another attempt of a requeued job."""
+    return bool(later.start_ts and earlier.end_ts and later.start_ts >= earlier.end_ts)
 
 
 def _state_rank(state: str) -> int:

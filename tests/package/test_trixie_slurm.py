@@ -213,6 +213,8 @@ def test_slurm_24_11_prolog_drains_requeues_and_epilog_and_report_follow(
     answer = json.loads(report.stdout)
     assert answer["schema"].startswith("slurmhealth.report/") and answer["job"]["job_id"] == job_id
     assert re.search(r"NVLink .* on n1 \(GPU 3\).*n1 drained", answer["verdict"]), answer["verdict"]
+    # the requeued attempt on n2 is the job's outcome, not n1's refused launch
+    assert answer["job"]["state"] == "completed", answer["job"]
     seen = [(e["node"], e["kind"], e["text"].split(" in ")[0]) for e in answer["timeline"]]
     assert ("n1", "run", "prolog fail on 8 GPU(s)") in seen and (
         "n2",
