@@ -10,6 +10,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# no per-example deadline anywhere: on a busy 2-core CI machine one slow example is load,
+# not a bug (a deadline there is a wall-clock race)
+settings.register_profile("slurmhealth", deadline=None)
+settings.load_profile("slurmhealth")
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from slurmhealth.kernel_log.parse import might_be_net
+from slurmhealth.kernel_log.parse import guarded, might_be_net
 from slurmhealth.model import normalize_pci_bus_id
 from slurmhealth.model_records import KernelEvent
 
@@ -62,10 +62,7 @@ def parse_net_event(
     text: str, *, seq: int | None = None, ts: float | None = None
 ) -> KernelEvent | None:
     """The network fault one kernel-log message reports (no time prefix), or ``None``."""
-    try:
-        return _parse(text.strip(), seq, ts)
-    except (ValueError, TypeError, IndexError):
-        return None
+    return guarded(_parse, text, seq, ts)
 
 
 def _parse(text: str, seq: int | None, ts: float | None) -> KernelEvent | None:

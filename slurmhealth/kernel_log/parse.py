@@ -20,9 +20,15 @@ from __future__ import annotations
 
 import re
 import time
-from typing import NamedTuple, TypedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple, TypedDict
 
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
+
+if TYPE_CHECKING:
+    from slurmhealth.model_records import KernelEvent
+
+EventParser = Callable[[str, int | None, float | None], "KernelEvent | None"]
 
 # Every pattern here is a string that `re` compiles (and caches) on first use: a process
 # whose log holds no line of a form (most prologs read no Xid at all) never pays for it.
@@ -76,6 +82,15 @@ def might_be_fault(text: str) -> bool:
     return (
         "NVRM" in text or "SXid" in text or "AER" in text or "PCIe Bus" in text or "probe" in text
     )
+
+
+def guarded(parse: EventParser, text: str, seq: int | None, ts: float | None) -> KernelEvent | None:
+    """``parse`` of one message (stripped), or None where a malformed line makes it raise:
+    one odd line must not stop a kernel-log read."""
+    try:
+        return parse(text.strip(), seq, ts)
+    except (ValueError, TypeError, IndexError):
+        return None
 
 
 def might_be_net(text: str) -> bool:

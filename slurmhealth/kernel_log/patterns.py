@@ -21,7 +21,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Sequence
 
-from slurmhealth.kernel_log.parse import might_be_fault
+from slurmhealth.kernel_log.parse import guarded, might_be_fault
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 from slurmhealth.model_records import KernelEvent
 
@@ -98,10 +98,7 @@ def parse_event(
     text: str, *, seq: int | None = None, ts: float | None = None
 ) -> KernelEvent | None:
     """The non-Xid GPU fault one line reports, or ``None``; never raises."""
-    try:
-        return _parse(text.strip(), seq, ts)
-    except (ValueError, TypeError, IndexError):
-        return None
+    return guarded(_parse, text, seq, ts)
 
 
 def _parse(text: str, seq: int | None, ts: float | None) -> KernelEvent | None:
