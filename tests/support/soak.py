@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurmhealth.config import GpuConfig
 from slurmhealth.gpu.scenario import load_scenario
 from slurmhealth.model import Severity
 from slurmhealth.slurm import NodeInfo
@@ -178,7 +179,8 @@ def _run_job(
     path = node.root / "scenario.toml"
     path.write_text(toml_text(data))
     # the shipped snapshot deadline (the corpus shortens it so its hung GPUs cost 1 s)
-    cfg = case_config(node.root, path, node.epoch, {"gpu.snapshot_timeout_s": 5.0})
+    shipped = GpuConfig().snapshot_timeout_s
+    cfg = case_config(node.root, path, node.epoch, {"gpu.snapshot_timeout_s": shipped})
     scn = load_scenario(str(path))
     for phase, at in steps:
         node.write_kernel(lines, at)

@@ -230,3 +230,13 @@ def test_a_hung_call_is_still_unresponsive_at_the_deadline(tmp_path: Path) -> No
         backend.close()
     assert [g.status for g in snap.gpus] == [GpuStatus.OK, GpuStatus.UNRESPONSIVE]
     assert took < 0.25 + 10  # cut at the deadline, not after the 30 s hang (busy-CI slack)
+
+
+def test_a_healthy_node_day_soaks_without_a_drain(tmp_path: Path) -> None:
+    """The soak's path (benchmarks/detection_quality.py runs 1,000 node-days of it) on one
+    node-day, so a change that breaks it (a config it no longer accepts) fails here."""
+    from tests.support.soak import soak
+
+    result = soak(tmp_path, EPOCH, nodes=1, days=1.0)
+    assert result.runs["prolog"] > 0 and result.runs["epilog"] > 0, result.runs
+    assert result.drains == [] and result.alarms == [], (result.drains, result.alarms)
