@@ -221,12 +221,12 @@ def judge(
     """Run the check catalog over ``snapshot`` and the new kernel-log lines."""
     from slurmhealth.checks import CheckContext, counters, run_checks
     from slurmhealth.hooks.kernel_read import predating_findings
-    from slurmhealth.hooks.rdma_read import rdma_expect, read_rdma_for_checks
+    from slurmhealth.hooks.rdma_read import read_rdma_for_checks
 
     read, source = log_read
     if read.error:
         notes = [*notes, f"kernel log {source}: {read.error}"]
-    rdma, rdma_counters = read_rdma_for_checks(cfg, snapshot)
+    net = read_rdma_for_checks(cfg, snapshot)
     ctx = CheckContext(
         snapshot=snapshot,
         phase=phase,
@@ -237,8 +237,8 @@ def judge(
         counter_history=(remembered := counters.load(stored.get(COUNTERS_KEY))),
         xids=read.events,
         kernel_events=read.kernel_events,
-        rdma=rdma,
-        rdma_expect=None if rdma is None else rdma_expect(cfg),
+        rdma=net.rdma,
+        rdma_expect=net.expect,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
     findings += predating_findings(ctx, read, cfg.checks.settings, cfg.checks.disabled)
@@ -258,7 +258,7 @@ def judge(
                 remembered,
                 snapshot,
                 counters.window_of(cfg.checks.settings),
-                {**ctx.counters, **rdma_counters},
+                {**ctx.counters, **net.counters},
             )
         ),
         CURSOR_KEY: read.cursor,

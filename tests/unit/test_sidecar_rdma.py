@@ -139,9 +139,10 @@ def test_each_node_reads_its_own_tree_through_node_in_sysfs_root(tmp_path: Path)
     cfg = config(tmp_path, root=tmp_path / "{node}" / "sys")
     assert configured(cfg, "n2") and not configured(cfg, "n1")
     assert RdmaWatch(cfg, "n2").root == str(tmp_path / "n2" / "sys")
-    rdma, counters = read_rdma_for_checks(cfg, replace(snap(0), node="n2"))
+    rdma, expect, counters = read_rdma_for_checks(cfg, replace(snap(0), node="n2"))
     assert rdma is not None and len(rdma.hcas) == 4 and "ib:mlx5_1/1" in counters
-    assert read_rdma_for_checks(cfg, replace(snap(0), node="n1")) == (None, {})
+    assert expect is not None
+    assert read_rdma_for_checks(cfg, replace(snap(0), node="n1")) == (None, None, {})
 
 
 def test_a_job_on_two_gpus_shows_only_the_hca_behind_them(tmp_path: Path) -> None:
