@@ -16,11 +16,17 @@ from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
 SYSLOG_SOCKET = "/dev/log"
 
 
-def _hook_logging(name: str, node: str | None = None) -> None:
+def _hook_setup(name: str, node: str | None = None) -> None:
+    """What every hook process does first: an existing history is never migrated inside the
+    hook's timeout (what it writes is spooled; the admin migrates), and its log lines name
+    the hook, the job and the node."""
     from slurmhealth.history import History
 
-    # every hook: an existing history is never migrated inside a hook's timeout (spooled)
     History.defer_migrations = True
+    _hook_logging(name, node)
+
+
+def _hook_logging(name: str, node: str | None) -> None:
     node = node or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
     who = f"node={node}" if name == "healthcheck" else (
         f"job={os.environ.get('SLURM_JOB_ID', '?')} node={node}"
@@ -59,7 +65,7 @@ def _to_syslog(logger: logging.Logger, fmt: str) -> None:
 def _hook(ctx: Ctx, name: str) -> None:
     from slurmhealth.hooks.prolog import run_epilog, run_prolog
 
-    _hook_logging(name)
+    _hook_setup(name)
     runner = run_prolog if name == "prolog" else run_epilog
     result = runner(ctx.config(), os.environ)
     drain = result.drain
@@ -106,7 +112,7 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
     from slurmhealth.sidecar.lifecycle import LABELS_ENV
     from slurmhealth.sidecar.run import Sidecar
 
-    _hook_logging("sidecar")
+    _hook_setup("sidecar")
     flags = {} if interval is None else {"sidecar.interval_s": interval}
     cfg = ctx.config(flags)
     raw = os.environ.get(LABELS_ENV)
@@ -139,11 +145,11 @@ def healthcheck(ctx: Ctx, as_json: bool) -> None:
     from slurmhealth.cli import render
     from slurmhealth.hooks.healthcheck import healthcheck as run
 
-    _hook_logging("healthcheck")
+    _hook_setup("healthcheck")
     hook_log = logging.getLogger("slurmhealth.hooks")
     try:
         cfg = ctx.config()
-        _hook_logging("healthcheck", cfg.node_name)
+        _hook_setup("healthcheck", cfg.node_name)
         result = run(cfg)
     except Exception as exc:  # fail open, loudly: a broken checker never drains
         hook_log.error("%s: %s; nothing checked, node left as it is", type(exc).__name__, exc,
@@ -173,7 +179,7 @@ def ctld_epilog(ctx: Ctx) -> None:
     """
     from slurmhealth.hooks.ctld_epilog import run_ctld_epilog
 
-    _hook_logging("ctld-epilog", "controller")
+    _hook_setup("ctld-epilog", "controller")
     hook_log = logging.getLogger("slurmhealth.hooks")
     try:
         result = run_ctld_epilog(ctx.config(), os.environ)
