@@ -30,12 +30,12 @@ from slurmhealth.errors import ConfigError
 DEFAULT_CONFIG_PATH = "/etc/slurmhealth/config.toml"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class NodeConfig:
     name: str = ""  # Slurm node name; default $SLURMD_NODENAME, else the short hostname
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class GpuConfig:
     backend: str = "nvml"  # nvml | sim
     sim_scenario: str = ""  # scenario file for backend=sim
@@ -56,7 +56,7 @@ class GpuConfig:
     )
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class PathsConfig:
     db: str = "/var/lib/slurmhealth/history/history.db"  # its folder: root:admin 0750
     spool: str = ""  # empty = "<db>.spool.jsonl"
@@ -65,14 +65,14 @@ class PathsConfig:
     run_dir: str = "/run/slurmhealth"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class KernelLogConfig:
     source: str = "auto"  # auto | kmsg | journalctl | dmesg | none | /path/to/file
     lookback_s: float = 3600.0  # on first read, Xids older than this are ignored
     budget_s: float = 1.0  # time allowed to read the log
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class PolicyConfig:
     mode: str = "drain"  # drain | warn (warn: never drain, only record)
     # circuit breaker: no new drain once this share of the cluster (at least 1 node) is
@@ -81,14 +81,14 @@ class PolicyConfig:
     optout_token: str = "slurmhealth=off"  # in a job's --comment or --extra: skip checks
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class SlurmConfig:
     backend: str = "cli"  # cli (scontrol/squeue/sinfo) | pyslurm | auto
     command_timeout_s: float = 5.0  # each scontrol/squeue/sinfo call
     prolog_budget_s: float = 5.0  # prolog decides+drains+records in this; < wrapper's 8 s
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class SidecarConfig:
     enabled: bool = True  # the prolog starts one per job, the epilog stops it
     interval_s: float = 10.0  # GPU sampling interval (minimum 1 s)
@@ -113,14 +113,14 @@ class SidecarConfig:
     stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ChecksConfig:
     disabled: list[str] = field(default_factory=list)
     # [checks.<name>] tables: threshold overrides, validated against the check catalog
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)

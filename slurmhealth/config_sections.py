@@ -3,9 +3,10 @@ node's metrics endpoint, evidence bundles, baselines, the report's fleet sources
 :class:`slurmhealth.config.Config`, kept here so that each module stays small. Read through
 ``slurmhealth.config``.
 
-Every section (here and in ``config.py``) is ``frozen`` and ``eq=False``: nothing compares
-two configs, and each prolog would otherwise generate and compile an ``__eq__`` and a
-``__hash__`` per section (two of a frozen dataclass's six methods) before it checks a GPU."""
+Every section (here and in ``config.py``) is ``frozen`` with ``eq=False, repr=False``:
+nothing compares or prints a config object (``slurmhealth config show`` renders it), and each
+prolog would otherwise generate and compile an ``__eq__``, a ``__hash__`` and a ``__repr__``
+per section (three of a frozen dataclass's six methods) before it checks a GPU."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class HistoryConfig:
     """Retention, done by the node itself after each epilog and health check (at most
     ``prune_max_rows`` rows a run); 0 days keeps that kind forever."""
@@ -24,7 +25,7 @@ class HistoryConfig:
     prune_max_rows: int = 100_000  # rows one prune deletes at most (in 5,000-row steps)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class RdmaConfig:
     """The RDMA network (docs/network.md): what the checks expect of the node's HCAs."""
 
@@ -38,7 +39,7 @@ class RdmaConfig:
     devices: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class MetricsConfig:
     """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
 
@@ -54,7 +55,7 @@ class MetricsConfig:
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class EvidenceConfig:
     """The evidence bundle (``slurmhealth evidence``): per-source limits and permissions."""
 
@@ -81,7 +82,7 @@ class EvidenceConfig:
     max_total_gb: float = 0.0  # `evidence prune` default; 0 = no size limit
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class BaselineConfig:
     """Benchmark baselines (``slurmhealth baseline``, ``slurmhealth validate``)."""
 
@@ -107,7 +108,7 @@ class BaselineConfig:
     prolog_bench_timeout_s: float = 3.0
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, repr=False)
 class ReportConfig:
     """Where ``slurmhealth report`` finds a job no node history holds (a login node)."""
 
