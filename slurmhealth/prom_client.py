@@ -102,8 +102,8 @@ class PromClient:
     def _matrix(self, data: dict[str, Any]) -> Matrix:
         out = []
         for r in self._result(data, "matrix"):
-            try:
-                points = [(float(p[0]), _value(p)) for p in r.get("values") or ()]
+            try:  # the hot loop of a big answer: no call per point ("NaN" parses as NaN)
+                points = [(float(ts), float(v)) for ts, v in r.get("values") or ()]
             except (TypeError, ValueError, IndexError, KeyError):
                 raise self._error("a series' samples are no [time, value] pairs") from None
             out.append((_labels(r), points))

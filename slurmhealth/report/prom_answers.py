@@ -38,25 +38,36 @@ class Summed:
     """Per GPU: the sum and count of one series kind in each plot stride, and in all."""
 
     def __init__(self, sums: Matrix, counts: Matrix) -> None:
-        self.strides: dict[Key, dict[float, list[float]]] = {}
-        for col, matrix in ((0, sums), (1, counts)):
-            for labels, points in matrix:
-                if (key := key_of(labels)) is None:
-                    continue
-                at = self.strides.setdefault(key, {})
-                for t, v in points:
-                    if v == v:  # not NaN
-                        if (cell := at.get(t)) is None:
-                            at[t] = cell = [0.0, 0.0]
-                        cell[col] += v
-        self.n = {
-            key: n for key, at in self.strides.items() if (n := sum(c for _, c in at.values()))
-        }
+        self.sums, self.counts = _by_time(sums), _by_time(counts)
+        self.n = {key: n for key, at in self.counts.items() if (n := sum(at.values()))}
 
     def mean(self, key: Key) -> float | None:
         if not self.n.get(key):
             return None
-        return sum(s for s, _ in self.strides[key].values()) / self.n[key]
+        return sum(self.sums.get(key, {}).values()) / self.n[key]
+
+    def at(self, key: Key) -> Callable[[float], float | None]:
+        """The GPU's mean in the stride ending at a time (None: no sample there)."""
+        sums, counts = self.sums.get(key, {}), self.counts.get(key, {})
+        return lambda t: sums[t] / n if (n := counts.get(t)) and t in sums else None
+
+
+def _by_time(matrix: Matrix) -> dict[Key, dict[float, float]]:
+    """GPU -> time -> value (a GPU's several series added up); NaN left out."""
+    out: dict[Key, dict[float, float]] = {}
+    for labels, points in matrix:
+        if (key := key_of(labels)) is None:
+            continue
+        if key in out:  # a second series of the GPU (its uuid changed): added up
+            at = out[key]
+            for t, v in points:
+                at[t] = at.get(t, 0.0) + v
+        else:
+            out[key] = dict(points)
+    for key, at in out.items():
+        if any(v != v for v in at.values()):
+            out[key] = {t: v for t, v in at.items() if v == v}
+    return out
 
 
 def throttle_counts(vector: Vector) -> dict[Key, dict[str, float]]:
@@ -113,17 +124,12 @@ def raw_series(util: Matrix, power: Matrix) -> dict[Key, Points]:
 
 def strided_series(summed: Mapping[str, Summed], end: float) -> dict[Key, Points]:
     """(ts, utilisation %, power W) per GPU: the means of each plot stride."""
-    util, power = summed["util"].strides, summed["power"].strides
-
-    none = (0.0, 0.0)
+    util, power = summed["util"], summed["power"]
     out = {}
-    for key in set(util) | set(power):
-        u, p = util.get(key, {}), power.get(key, {})
-        points = []
-        for t in sorted({*u, *p}):
-            (us, un), (ps, pn) = u.get(t, none), p.get(t, none)
-            points.append((min(t, end), us / un * 100.0 if un else None, ps / pn if pn else None))
-        out[key] = points
+    for key in set(util.counts) | set(power.counts):
+        u, p = util.at(key), power.at(key)
+        times = sorted({*util.counts.get(key, ()), *power.counts.get(key, ())})
+        out[key] = [(min(t, end), None if (v := u(t)) is None else v * 100.0, p(t)) for t in times]
     return out
 
 
