@@ -1,9 +1,11 @@
 """Whole-process wall time of `slurmhealth check` on the healthy 8-GPU simulated node.
 
-Usage: python benchmarks/check_latency.py [--runs 30] [--json]
-Prints the median (and p10/p90) of --runs timed runs after a warm-up, for the table and the
---json output, then the slowest imports from `python -X importtime`. Target: median <= 0.25 s
-on a 2-core machine. Not part of the test run.
+Usage: python benchmarks/check_latency.py [--runs 30] [--rdma ndr8]
+--rdma PRESET gives the node a generated RDMA sysfs tree (slurmhealth.rdma.simtree) and an
+[rdma] section expecting it, so the network checks run too. Prints the median (and p10/p90)
+of --runs timed runs after a warm-up, for the table and the --json output, then the slowest
+imports from `python -X importtime`. Target: median <= 0.25 s on a 2-core machine. Not part
+of the test run.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _env(tmp: str) -> dict[str, str]:
+def _env(tmp: str, rdma: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMHEALTH_")}
     cfg = Path(tmp, "config.toml")
-    cfg.write_text("")
+    cfg.write_text(_rdma_config(tmp, rdma) if rdma else "")
     env.update(
         SLURMHEALTH_CONFIG=str(cfg),
         SLURMHEALTH_GPU_BACKEND="sim",
@@ -32,6 +34,18 @@ def _env(tmp: str) -> dict[str, str]:
         SLURMHEALTH_DB=str(Path(tmp, "history.db")),
     )
     return env
+
+
+def _rdma_config(tmp: str, preset: str) -> str:
+    """A generated tree of ``preset`` under ``tmp`` and the [rdma] section that checks it."""
+    from slurmhealth.rdma import simtree
+
+    root = Path(tmp, "sys")
+    spec = simtree.preset(preset)
+    simtree.write_tree(str(root), spec)
+    layer = "Ethernet" if preset.startswith("roce") else "InfiniBand"
+    return (f'[rdma]\nsysfs_root = "{root}"\nexpected_hcas = {len(spec.hcas)}\n'
+            f'expected_rate_gbps = 400\nlink_layer = "{layer}"\n')  # fmt: skip
 
 
 def _time(cmd: list[str], env: dict[str, str], runs: int) -> list[float]:
@@ -65,6 +79,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--imports", type=int, default=8)
+    ap.add_argument("--rdma", default="", help="an RDMA preset (ndr4, ndr8, roce8): network on")
     args = ap.parse_args()
     exe = str(Path(sys.executable).with_name("slurmhealth"))
     # measure what a deployed install runs: byte-compiled modules (pip compiles on install)
@@ -72,7 +87,7 @@ def main() -> None:
         [sys.executable, "-m", "compileall", "-q", str(REPO / "slurmhealth")], check=True
     )
     with tempfile.TemporaryDirectory() as tmp:
-        env = _env(tmp)
+        env = _env(tmp, args.rdma)
         for label, cmd in (("table", [exe, "check"]), ("json", [exe, "check", "--json"])):
             times = _time(cmd, env, args.runs)
             q = statistics.quantiles(times, n=10)

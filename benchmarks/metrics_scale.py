@@ -40,7 +40,8 @@ from slurmhealth.exposition import render, serve  # noqa: E402
 from slurmhealth.gpu import open_backend  # noqa: E402
 from slurmhealth.history.node_queries import LastCheck  # noqa: E402
 from slurmhealth.metrics import SidecarCollector  # noqa: E402
-from slurmhealth.model import ExportState, Job, NodeSnapshot, TaskStats  # noqa: E402
+from slurmhealth.model import NodeSnapshot  # noqa: E402
+from slurmhealth.model_records import ExportState, Job, TaskStats  # noqa: E402
 from slurmhealth.node_metrics import NodeFacts, node_families  # noqa: E402
 
 TASK = TaskStats(12_000, 0.42, 1024.0, 4.2e6, 0.41, 0.12, 0.01, 1.7e9)

@@ -20,7 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from slurmhealth.model import ExportState, GpuState, Job, NodeSnapshot, NvLink
+from slurmhealth.model import GpuState, NodeSnapshot, NvLink
+from slurmhealth.model_records import ExportState, Job
 from tests.support.prom_backfill import backfill, scrape
 
 Values = Callable[[int], Sequence[str]]  # GPU index -> one value string per sample

@@ -30,12 +30,12 @@ from slurmhealth.errors import ConfigError
 DEFAULT_CONFIG_PATH = "/etc/slurmhealth/config.toml"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class NodeConfig:
     name: str = ""  # Slurm node name; default $SLURMD_NODENAME, else the short hostname
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GpuConfig:
     backend: str = "nvml"  # nvml | sim
     sim_scenario: str = ""  # scenario file for backend=sim
@@ -56,7 +56,7 @@ class GpuConfig:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PathsConfig:
     db: str = "/var/lib/slurmhealth/history/history.db"  # its folder: root:admin 0750
     spool: str = ""  # empty = "<db>.spool.jsonl"
@@ -65,14 +65,14 @@ class PathsConfig:
     run_dir: str = "/run/slurmhealth"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KernelLogConfig:
     source: str = "auto"  # auto | kmsg | journalctl | dmesg | none | /path/to/file
     lookback_s: float = 3600.0  # on first read, Xids older than this are ignored
     budget_s: float = 1.0  # time allowed to read the log
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PolicyConfig:
     mode: str = "drain"  # drain | warn (warn: never drain, only record)
     # circuit breaker: no new drain once this share of the cluster (at least 1 node) is
@@ -81,14 +81,14 @@ class PolicyConfig:
     optout_token: str = "slurmhealth=off"  # in a job's --comment or --extra: skip checks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SlurmConfig:
     backend: str = "cli"  # cli (scontrol/squeue/sinfo) | pyslurm | auto
     command_timeout_s: float = 5.0  # each scontrol/squeue/sinfo call
     prolog_budget_s: float = 5.0  # prolog decides+drains+records in this; < wrapper's 8 s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SidecarConfig:
     enabled: bool = True  # the prolog starts one per job, the epilog stops it
     interval_s: float = 10.0  # GPU sampling interval (minimum 1 s)
@@ -113,14 +113,14 @@ class SidecarConfig:
     stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ChecksConfig:
     disabled: list[str] = field(default_factory=list)
     # [checks.<name>] tables: threshold overrides, validated against the check catalog
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Config:
     node: NodeConfig = field(default_factory=NodeConfig)
     gpu: GpuConfig = field(default_factory=GpuConfig)
@@ -151,6 +151,16 @@ class Config:
 
     def spool_path(self, node: str | None = None) -> str:
         return self.expand(self.paths.spool, node) if self.paths.spool else ""
+
+    def rdma_root(self, node: str | None = None) -> str:
+        """``[rdma] sysfs_root`` for ``node`` (it may hold ``{node}``: a generated tree each)."""
+        return self.expand(self.rdma.sysfs_root, node)
+
+    def has_rdma(self, node: str | None = None) -> bool:
+        """Whether ``[rdma]`` is enabled and ``node`` shows RDMA devices (one ``isdir``): the
+        network layer (its checks, series, mlx5 kernel-log lines, evidence) runs only then."""
+        root = os.path.join(self.rdma_root(node), "class", "infiniband")
+        return self.rdma.enabled and os.path.isdir(root)
 
 
 ENV_KEYS: dict[str, str] = {
@@ -231,9 +241,27 @@ def _coerce(value: Any, tp: Any, source: str, key: str, from_text: bool) -> Any:
     return value
 
 
+# the field annotations the sections use, read without get_type_hints (which compiles and
+# evaluates each annotation string: ~0.5 ms a field, paid by every hook that sets a key)
+_FIELD_TYPES: Mapping[str, Any] = {
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "list[str]": list[str],
+    "dict[str, int]": dict[str, int],
+    "dict[str, Any]": dict[str, Any],
+    "dict[str, dict[str, Any]]": dict[str, dict[str, Any]],
+}
+
+
 @functools.cache
 def _section_fields(section: str) -> dict[str, Any]:
-    return get_type_hints(_SECTIONS[section])  # slow (it compiles the annotations): once
+    cls = _SECTIONS[section]
+    fields = dataclasses.fields(cls)
+    if all(isinstance(f.type, str) and f.type in _FIELD_TYPES for f in fields):
+        return {f.name: _FIELD_TYPES[f.type] for f in fields}  # type: ignore[index]
+    return get_type_hints(cls)  # a field of another type: the slow, general way
 
 
 def _shown(name: str) -> str:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -184,6 +183,8 @@ def url_problem(url: str) -> str | None:
     URL with credentials is never shown (the message may land in a log)."""
     if url == "":
         return None
+    import urllib.parse  # only where a URL is set: a prolog's config has none
+
     try:
         parts = urllib.parse.urlsplit(url)
         if parts.username is not None or parts.password is not None:

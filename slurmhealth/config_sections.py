@@ -1,7 +1,11 @@
 """The config sections of the later layers (history retention, the RDMA network, the
 node's metrics endpoint, evidence bundles, baselines, the report's fleet sources): part of
 :class:`slurmhealth.config.Config`, kept here so that each module stays small. Read through
-``slurmhealth.config``."""
+``slurmhealth.config``.
+
+Every section (here and in ``config.py``) is ``frozen`` and ``eq=False``: nothing compares
+two configs, and each prolog would otherwise generate and compile an ``__eq__`` and a
+``__hash__`` per section (two of a frozen dataclass's six methods) before it checks a GPU."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class HistoryConfig:
     """Retention, done by the node itself after each epilog and health check (at most
     ``prune_max_rows`` rows a run); 0 days keeps that kind forever."""
@@ -20,7 +24,7 @@ class HistoryConfig:
     prune_max_rows: int = 100_000  # rows one prune deletes at most (in 5,000-row steps)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class RdmaConfig:
     """The RDMA network (docs/network.md): what the checks expect of the node's HCAs."""
 
@@ -34,7 +38,7 @@ class RdmaConfig:
     devices: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class MetricsConfig:
     """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
 
@@ -50,7 +54,7 @@ class MetricsConfig:
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class EvidenceConfig:
     """The evidence bundle (``slurmhealth evidence``): per-source limits and permissions."""
 
@@ -77,7 +81,7 @@ class EvidenceConfig:
     max_total_gb: float = 0.0  # `evidence prune` default; 0 = no size limit
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BaselineConfig:
     """Benchmark baselines (``slurmhealth baseline``, ``slurmhealth validate``)."""
 
@@ -103,7 +107,7 @@ class BaselineConfig:
     prolog_bench_timeout_s: float = 3.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ReportConfig:
     """Where ``slurmhealth report`` finds a job no node history holds (a login node)."""
 
@@ -111,3 +115,6 @@ class ReportConfig:
     # "http://prometheus:9090"): per-GPU stats and plots by job_id; "" = not asked
     prometheus_url: str = ""
     prometheus_timeout_s: float = 10.0  # all of one report's Prometheus queries together
+    # ask Slurm accounting (sacct, the AdminComment summary, sacctmgr's node events) for a
+    # job no node history or evidence summary reaches
+    accounting: bool = True

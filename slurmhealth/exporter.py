@@ -32,6 +32,7 @@ from slurmhealth.errors import ConfigError
 from slurmhealth.export_state import Limits, merged, read_states, stale_after, write_atomic
 from slurmhealth.exposition import render, serve
 from slurmhealth.node_metrics import NodeFacts, node_families, read_fail_opens, read_history
+from slurmhealth.stopflag import StopFlag
 
 log = logging.getLogger("slurmhealth.exporter")
 TEXTFILE = "slurmhealth.prom"
@@ -122,7 +123,7 @@ def write_textfile(directory: str, body: bytes) -> None:
     write_atomic(directory, TEXTFILE, body, mode=0o644)
 
 
-def run(watch: ConfigWatch, *, once: bool = False, stop: threading.Event | None = None) -> int:
+def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None) -> int:
     """Serve until SIGTERM (or ``stop``); ``once``: write the textfile (or print the
     exposition) once and return."""
     registry = registry_for(watch.current)
@@ -136,9 +137,8 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: threading.Event | None 
         else:
             os.write(1, body)
         return 0
-    stop = stop or threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = stop or StopFlag()
+    stop.on_signals(signal.SIGTERM, signal.SIGINT)
     server = serve(registry, mc.bind, [mc.port]) if mc.port else None
     log.info("exporter for node %s: port %s, textfile dir %r", cfg.node_name,
              mc.port or "none", textfile)  # fmt: skip

@@ -27,7 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from slurmhealth.exposition import CONTENT_TYPE, render, serve
-from slurmhealth.model import CLOCK_EVENT_REASONS, ExportState, GpuState, GpuStatus, Job
+from slurmhealth.model import CLOCK_EVENT_REASONS, GpuState, GpuStatus
+from slurmhealth.model_records import ExportState, Job
 
 __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "render", "serve"]
 
@@ -300,6 +301,7 @@ class SidecarCollector(Collector):
         samples.add_metric(job, state.samples_total)
         yield samples
         yield from _task_families(state, job)
+        yield from _rdma_families(state, job)
 
 
 def _task_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]:
@@ -315,6 +317,52 @@ def _task_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]
             fam = _gauge(name, doc, JOB_LABELS)
             fam.add_metric(job, float(value))
             yield fam
+
+
+RDMA_LABELS = (*JOB_LABELS, "hca", "port")
+_RDMA_HELP = {
+    "up": "1 when the RDMA port is ACTIVE with its physical link LinkUp, else 0; `state` is "
+    "state/physical state (ibstat State / Physical state, /sys/class/infiniband/*/ports/*/state).",
+    "rate": "The port's data rate, active width x lane speed, in bytes per second (ibstat "
+    "Rate in Gb/s x 1e9 / 8).",
+    "errors": "RDMA port error counters (perfquery, /sys/class/infiniband/*/ports/*/counters: "
+    "symbol_error, link_downed, port_rcv_errors, ...).",
+    "rx": "Bytes the port received (counters/port_rcv_data x 4: the counter is in 4-byte words).",
+    "tx": "Bytes the port sent (counters/port_xmit_data x 4: the counter is in 4-byte words).",
+}
+RDMA_ERROR_COUNTERS = (
+    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
+    "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
+    "excessive_buffer_overrun_errors",
+)  # fmt: skip
+"""The error counters exported per port (bounded: 8 series per port)."""
+
+
+def _rdma_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]:
+    """Per judged RDMA port of the node (not per GPU): state, rate, errors, bytes."""
+    if state.rdma is None:
+        return
+    up = _gauge("rdma_port_up", _RDMA_HELP["up"], (*RDMA_LABELS, "state"))
+    rate = _gauge("rdma_port_rate_bytes_per_second", _RDMA_HELP["rate"], RDMA_LABELS)
+    errors = _counter("rdma_port_errors", _RDMA_HELP["errors"], (*RDMA_LABELS, "counter"))
+    rx = _counter("rdma_port_received_bytes", _RDMA_HELP["rx"], RDMA_LABELS)
+    tx = _counter("rdma_port_transmitted_bytes", _RDMA_HELP["tx"], RDMA_LABELS)
+    for p in state.rdma.ports():
+        lv = (*job, p.hca, str(p.port))
+        if p.active is not None or p.link_up is not None:
+            text = f"{p.state_name or '?'}/{p.phys_state_name or '?'}"
+            up.add_metric((*lv, text), 1.0 if p.active and p.link_up is not False else 0.0)
+        if p.rate is not None:
+            rate.add_metric(lv, p.rate.gbps * 1e9 / 8)
+        for name in RDMA_ERROR_COUNTERS:
+            if (n := p.counters.get(name)) is not None:
+                errors.add_metric((*lv, name), n)
+        sent, received = p.data_bytes()
+        if received is not None:
+            rx.add_metric(lv, received)
+        if sent is not None:
+            tx.add_metric(lv, sent)
+    yield from (up, rate, errors, rx, tx)
 
 
 def _event_key(item: tuple[tuple[str, int | None], int]) -> tuple[str, int]:

@@ -232,29 +232,7 @@ class XidEvent:
 
 
 KERNEL_EVENT_KINDS = ("fallen_off_bus", "gsp_timeout", "init_failed", "sxid", "pcie_aer")
-
-
-@dataclass(frozen=True)
-class KernelEvent:
-    """A GPU fault in the kernel log that is not an ``NVRM: Xid`` line.
-
-    ``kind`` is one of :data:`KERNEL_EVENT_KINDS`. The GPU is ``pci_bus_id`` (normalised)
-    when the line names one, else ``gpu_number`` (the driver's ``GPU<n>``), else neither
-    (a node-level fault). For ``sxid`` the bus id is the NVSwitch's and ``code`` the SXid;
-    ``level`` is what the line says of itself: ``fatal``, ``non-fatal`` or ``corrected``.
-    """
-
-    kind: str
-    message: str
-    raw: str
-    ts: float | None = None
-    seq: int | None = None
-    pci_bus_id: str | None = None
-    gpu_number: int | None = None
-    code: int | None = None
-    level: str | None = None
-    device: str | None = None  # the kernel driver or device that logged it ("nvidia", ...)
-
+"""The kinds of :class:`slurmhealth.model_records.KernelEvent` (GPU faults without an Xid)."""
 
 MAX_GPU_INDEX = 1023
 """The highest GPU index a list may name (1024 GPUs per node): ``0-99999999999`` is a typo,
@@ -324,68 +302,3 @@ def normalize_pci_bus_id(text: str) -> str:
     if d > 0xFFFF or b > 0xFF or v > 0x1F or f > 7:
         raise ValueError(f"not a PCI bus id: {text!r}")
     return f"{d:04x}:{b:02x}:{v:02x}.{f}"
-
-
-@dataclass(frozen=True)
-class Job:
-    """The job a prolog, epilog or sidecar runs for (Slurm's environment, completed by
-    one ``squeue`` call where the environment lacks fields)."""
-
-    job_id: str
-    node: str
-    user: str = ""
-    uid: int | None = None
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    priority: int | None = None
-    nodes: str = ""
-    gpus: tuple[int, ...] = ()
-    comment: str = ""
-    extra: str = ""
-    exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
-
-    def opted_out(self, token: str) -> bool:
-        """``token`` stands as a whole word of the comment or extra (words split at blanks,
-        commas and semicolons): ``foo slurmhealth=off,bar`` opts out, ``slurmhealth=office``
-        does not."""
-        want = token.replace(",", " ").replace(";", " ").split()
-        for text in (self.comment, self.extra):
-            words = text.replace(",", " ").replace(";", " ").split()
-            if want and any(words[i : i + len(want)] == want for i in range(len(words))):
-                return True
-        return False
-
-    @property
-    def failed(self) -> bool:
-        """Non-zero exit or a signal (``"0:0"`` is success)."""
-        return self.exit_code not in (None, "", "0:0", "0")
-
-
-@dataclass(frozen=True)
-class TaskStats:
-    """What a job's training loop reported through :mod:`slurmhealth.job` (latest window)."""
-
-    steps_total: int
-    step_seconds: float | None = None  # median over the recent window
-    samples_per_second: float | None = None
-    tokens_per_second: float | None = None
-    mfu_ratio: float | None = None  # model FLOPs utilisation, 0-1
-    comm_ratio: float | None = None  # share of step time in communication, 0-1
-    data_wait_ratio: float | None = None  # share of step time waiting for data, 0-1
-    last_step_ts: float | None = None
-
-
-@dataclass(frozen=True)
-class ExportState:
-    """What one Prometheus scrape of a job's sidecar shows; the sidecar swaps in a new one
-    each interval, so a scrape always sees a consistent view."""
-
-    labels: Job  # the job whose labels every series carries (metrics.JOB_LABELS)
-    snapshot: NodeSnapshot | None = None
-    xid_counts: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid) -> n
-    event_counts: Mapping[tuple[str, int | None], int] = field(default_factory=dict)
-    task: TaskStats | None = None
-    drains_suppressed_total: int = 0
-    samples_total: int = 0
-    started_ts: float = 0.0

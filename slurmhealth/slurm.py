@@ -17,6 +17,14 @@ import subprocess
 import time
 from collections.abc import Sequence
 
+from slurmhealth.slurm_acct import (
+    EVENT_FIELDS,
+    SACCT_FIELDS,
+    AcctJob,
+    NodeEvent,
+    parse_events,
+    parse_sacct,
+)
 from slurmhealth.slurm_base import (
     MAX_HOSTS,
     MAX_REASON,
@@ -72,9 +80,9 @@ class SlurmCli:
         bounded.calls = self.calls  # one record of every command run
         return bounded
 
-    def _run(self, argv: Sequence[str]) -> str:
+    def _run(self, argv: Sequence[str], time_format: str = "standard") -> str:
         self.calls.append(list(argv))
-        env = {**os.environ, "SLURM_TIME_FORMAT": "standard"}
+        env = {**os.environ, "SLURM_TIME_FORMAT": time_format}
         try:
             proc = subprocess.run(
                 list(argv),
@@ -132,6 +140,32 @@ class SlurmCli:
                 return None
             raise
         return parse_job_line(job_id, out)
+
+    # -- accounting (slurmdbd): parsed in slurm_acct.py -------------------------------------
+
+    def accounting_job(self, job_id: str) -> AcctJob | None:
+        """The job's record in slurmdbd (``sacct``); None when it has none."""
+        argv = ["sacct", "-j", job_id, "-X", "-P", "-n", "-o", ",".join(SACCT_FIELDS)]
+        return parse_sacct(job_id, self._run(argv, time_format="%s"))
+
+    def node_events(self, nodes: Sequence[str], start: float, end: float) -> list[NodeEvent]:
+        """State changes (drains, downs) of ``nodes`` that overlap ``start``..``end``."""
+        fmt = "%Y-%m-%dT%H:%M:%S"  # sacctmgr reads local time
+        argv = ["sacctmgr", "-n", "-P", "show", "event", f"nodes={','.join(nodes)}",
+                f"start={time.strftime(fmt, time.localtime(start))}",
+                f"end={time.strftime(fmt, time.localtime(end))}",
+                f"format={','.join(EVENT_FIELDS)}"]  # fmt: skip
+        return parse_events(self._run(argv, time_format="%s"), tuple(nodes))
+
+    def set_admin_comment(self, job_id: str, text: str) -> None:
+        """Store ``text`` as the job's AdminComment in slurmdbd. From EpilogSlurmctld the job
+        is completing and ``scontrol update`` refuses ("Job has already finished");
+        ``sacctmgr modify job`` works at once but lowercases the value: ``text`` must be
+        case-free."""
+        if not re.fullmatch(r"[a-z0-9:._-]{1,8000}", text):
+            raise SlurmError("an AdminComment must be 1-8000 of [a-z0-9:._-] (sacctmgr lowercases)")
+        self._run(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                   f"AdminComment={text}"])  # fmt: skip
 
 
 SINFO_FORMAT = "%N|%T|%H|%u|%E"

@@ -106,7 +106,9 @@ def _measure(
         if not avg > 0 or avg == float("inf"):
             problems.append(f"{cells[0]} bytes: no average bandwidth ({cells[avg_col]})")
             continue
-        by_size[int(cells[0])] = (round(avg, 3), round(peak, 3) if peak else None)
+        # a zero peak (duration runs) or an unreadable one (nan, inf) is not measured
+        known = peak is not None and 0 < peak < float("inf")
+        by_size[int(cells[0])] = (round(avg, 3), round(peak, 3) if known and peak else None)
     if not by_size:
         problems.append("the result table has no row with a bandwidth")
         return []

@@ -10,20 +10,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.errors import ConfigError
-from slurmhealth.model import (
-    Action,
-    Finding,
-    GpuState,
-    KernelEvent,
-    NodeSnapshot,
-    Severity,
-    XidEvent,
-)
+from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
 
 if TYPE_CHECKING:  # the RDMA model loads only where the devices were read
+    from slurmhealth.model_records import KernelEvent  # built only where a fault was read
     from slurmhealth.rdma.model import RdmaExpect, RdmaSnapshot
 
 PHASES = ("check", "prolog", "epilog", "healthcheck", "validate", "sidecar")
@@ -66,8 +59,7 @@ class CheckContext:
 CheckFn = Callable[[CheckContext, Mapping[str, float]], list[Finding]]
 
 
-@dataclass(frozen=True)
-class CheckSpec:
+class CheckSpec(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     name: str
     description: str
     fn: CheckFn
@@ -135,6 +127,7 @@ def catalog() -> dict[str, CheckSpec]:
         gpu,
         memory,
         network,
+        network_kernel,
         nvlink,
         pcie,
         thermal,

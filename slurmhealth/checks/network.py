@@ -6,8 +6,9 @@ Every finding names the port (``mlx5_1/1``) first, so a drain reason reads
 HCA (whose inter-node traffic it carries) in its message and evidence. Nothing is judged
 when the node's RDMA devices were not read (``ctx.rdma`` is None). Which ports are judged
 and what they should show come from ``[rdma]`` (``ctx.rdma_expect``). The checks run in the
-one-off phases (check, prolog, epilog, healthcheck, validate); the sidecar's detectors,
-which key events by GPU, do not map them yet.
+one-off phases (check, prolog, epilog, healthcheck, validate); ``ib_port_state`` and
+``ib_errors`` also in the sidecar, whose RDMA watch (:mod:`slurmhealth.sidecar.rdma`) turns
+their failing findings into ``ib_port_down`` / ``ib_errors`` events per port.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth.checks import CheckContext, check, finding
+from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding
 from slurmhealth.checks.counters import RATE_THRESHOLDS as RATE
 from slurmhealth.checks.counters import Growth, growth, rings_of
 from slurmhealth.model import Action, Finding, Severity, normalize_pci_bus_id
@@ -54,12 +55,12 @@ def _ports(ctx: CheckContext) -> list[tuple[Hca, IbPort]]:
     return [(h, p) for h in ctx.rdma.hcas for p in h.ports if _expect(ctx).judged(p)]
 
 
-def _near(ctx: CheckContext, hca: Hca) -> tuple[list[int], list[str]]:
+def near_gpus(ctx: CheckContext, hca: Hca) -> tuple[list[int], list[str]]:
     """The GPUs behind the same PCIe switch as ``hca``: indices of those the GPU snapshot
     knows, and the PCI bus ids of all of them."""
     from slurmhealth.rdma.model import gpus_near
 
-    buses = list(gpus_near(hca, ctx.rdma.gpus)) if ctx.rdma is not None else []
+    buses = list(gpus_near(hca, ctx.rdma.gpus, ctx.rdma.hcas)) if ctx.rdma is not None else []
     index: dict[str, int] = {}
     for g in ctx.snapshot.gpus:
         try:
@@ -85,7 +86,7 @@ def _port_finding(
     action: Action | None = None,
     **evidence: Any,
 ) -> Finding:
-    gpus, buses = _near(ctx, hca)
+    gpus, buses = near_gpus(ctx, hca)
     where = port.name if port is not None else hca.name
     return finding(
         name,
@@ -111,6 +112,7 @@ def _port_finding(
     hint="DOWN/Polling: no link (cable, transceiver or switch port); INIT/LinkUp: the subnet "
     "manager has not configured the port; Disabled: the port was shut. Check `ibstat`, "
     "the cable and the switch side; reseat or replace",
+    phases=EVERYWHERE,
 )
 def ib_port_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -250,6 +252,7 @@ SATURATED = {  # the PortCounters widths (16, 8 or 4 bits): a full counter stops
         "port_xmit_discards_per_min": 100,
         **RATE,
     },
+    phases=EVERYWHERE,
 )
 def ib_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -284,7 +287,7 @@ def _errors_finding(
     if not shown:
         return None
     span = max(g.span_s for g in shown.values())
-    text = ", ".join(f"{n} +{g.count:g} ({g.per_min:.3g}/min)" for n, g in shown.items())
+    text = ", ".join(f"{n} +{g.delta:g} ({g.per_min:.3g}/min)" for n, g in shown.items())
     text += f" over {span:.0f} s"
     if not failing:
         text += f" (fails at its rate over {th['min_window_s']:g} s and {th['min_count']:g} errors)"
@@ -296,7 +299,7 @@ def _errors_finding(
         p,
         f"errors growing: {text}",
         action=None if failing else Action.WARN,
-        counts={n: g.count for n, g in shown.items()},
+        counts={n: g.delta for n, g in shown.items()},
         per_min={n: round(g.per_min, 3) for n, g in shown.items()},
         window_s=round(span, 3),
         failing=failing,

@@ -92,7 +92,7 @@ def _link_finding(
     }
     rates = {n: x.per_s * limits[n][1] for n, x in grown.items()}
     failing = [n for n, r in rates.items() if grown[n].enough and r >= limits[n][0]]
-    warning = [n for n, x in grown.items() if x.count >= th["min_count"]]
+    warning = [n for n, x in grown.items() if x.delta >= th["min_count"]]
     severity = Severity.FAIL if failing else Severity.WARN if warning else Severity.INFO
     span = max(x.span_s for x in grown.values())
     text = ", ".join(f"{n} {r:.3g}/{limits[n][2]}" for n, r in rates.items())
@@ -109,7 +109,7 @@ def _link_finding(
         replay_per_min=round(rates.get("replay", 0.0), 3),
         recovery_per_min=round(rates.get("recovery", 0.0), 3),
         crc_per_s=round(rates.get("crc", 0.0), 3),
-        counts={n: x.count for n, x in grown.items()},
+        counts={n: x.delta for n, x in grown.items()},
         window_s=round(span, 3),
         failing=failing,
     )

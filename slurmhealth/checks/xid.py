@@ -4,18 +4,22 @@ and the driver's own verdict, and the faults that come without an Xid."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from slurmhealth.checks import CheckContext, check, finding
 from slurmhealth.model import (
+    KERNEL_EVENT_KINDS,
     Action,
     Finding,
     GpuState,
-    KernelEvent,
     NodeSnapshot,
     Severity,
     XidEvent,
     normalize_pci_bus_id,
 )
+
+if TYPE_CHECKING:
+    from slurmhealth.model_records import KernelEvent  # built only where a fault was read
 
 
 @check(
@@ -177,6 +181,8 @@ def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     # were initialized") belongs to the report of a GPU the same read names for that fault
     named = {e.kind for e in ctx.kernel_events if e.pci_bus_id or e.gpu_number is not None}
     for e in ctx.kernel_events:
+        if e.kind not in KERNEL_EVENT_KINDS:
+            continue  # the network's (ib_kernel_log)
         if e.kind in named and not e.pci_bus_id and e.gpu_number is None:
             continue
         level = e.level if e.kind in ("sxid", "pcie_aer") and e.level != "corrected" else None

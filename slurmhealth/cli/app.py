@@ -38,6 +38,7 @@ COMMANDS: Mapping[str, str] = {
     "epilog": "hooks:epilog",
     "sidecar": "hooks:sidecar",
     "healthcheck": "hooks:healthcheck",
+    "ctld-epilog": "hooks:ctld_epilog",
     "report": "report:report",
     "baseline": "baseline:baseline",
     "validate": "baseline:validate",

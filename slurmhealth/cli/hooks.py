@@ -102,7 +102,7 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
     """
     import json
 
-    from slurmhealth.model import Job
+    from slurmhealth.model_records import Job
     from slurmhealth.sidecar.lifecycle import LABELS_ENV
     from slurmhealth.sidecar.run import Sidecar
 
@@ -158,4 +158,31 @@ def healthcheck(ctx: Ctx, as_json: bool) -> None:
         render.print_json(data)
     else:
         render.check_result(data)
+    sys.exit(0)
+
+
+@click.command("ctld-epilog")
+@pass_ctx
+def ctld_epilog(ctx: Ctx) -> None:
+    """Slurm EpilogSlurmctld (on the controller): store the job's summary (verdict, whose
+    fault, drains, failing GPUs, efficiency; at most 4000 characters) in its AdminComment in
+    slurmdbd, for `sacct -o AdminComment` and `slurmhealth report` on any login node.
+
+    Waits (at most 15 s) for the nodes' epilog summaries. Always exits 0: errors are
+    logged. Run it through slurmhealth-ctld-epilog, which adds the time limit and syslog.
+    """
+    from slurmhealth.hooks.ctld_epilog import run_ctld_epilog
+
+    _hook_logging("ctld-epilog", "controller")
+    hook_log = logging.getLogger("slurmhealth.hooks")
+    try:
+        result = run_ctld_epilog(ctx.config(), os.environ)
+    except Exception as exc:  # fail open, loudly: slurmctld must never see this fail
+        hook_log.error("%s: %s; no job summary stored", type(exc).__name__, exc,
+                       exc_info=ctx.debug)  # fmt: skip
+        sys.exit(0)
+    if result.stored:
+        hook_log.info("job summary stored in AdminComment (%d characters)", result.chars)
+    else:
+        hook_log.error("no job summary stored: %s", result.why)
     sys.exit(0)

@@ -42,7 +42,12 @@ LAYOUT: Mapping[str, str] = {
     # without the venv's other packages: PYTHONPATH=/usr/lib/slurmhealth/python
     "pythonpath": "/usr/lib/slurmhealth/python",
 }
-WRAPPERS = ("slurmhealth-prolog", "slurmhealth-epilog", "slurmhealth-healthcheck")
+WRAPPERS = (
+    "slurmhealth-prolog",
+    "slurmhealth-epilog",
+    "slurmhealth-healthcheck",
+    "slurmhealth-ctld-epilog",
+)
 
 
 @dataclass(frozen=True)
@@ -182,7 +187,7 @@ def install(ctx: Ctx, prefix: str, bin_path: str, dry_run: bool, as_json: bool) 
 
     \b
       /opt/slurmhealth/bin/slurmhealth      this venv (pip install slurmhealth-*.whl)
-      /usr/lib/slurmhealth/slurmhealth-{prolog,epilog,healthcheck}
+      /usr/lib/slurmhealth/slurmhealth-{prolog,epilog,healthcheck,ctld-epilog}
       /etc/slurmhealth/config.toml          kept when it exists
       /etc/default/slurmhealth              kept when it exists
       /var/lib/slurmhealth, /var/log/slurmhealth, /run/slurmhealth

@@ -137,8 +137,21 @@ def _one_line(text: Any) -> str:
 
 _KEYS = {"event": ("kind", "kind"), "finding": ("check_name", "check")}  # column, placeholder
 # a finding's evidence -> placeholder: what a kernel-log finding says ({kind}, {bus}, ...)
-_EVIDENCE = (("kind", "kind"), ("level", "level"), ("pci_bus_id", "bus"), ("code", "code"))
-_EVENT_EVIDENCE = (("rank", "rank"), ("cause", "cause"))  # a rank_straggler event's
+# and what a network finding or event says of its port: {hca}, {port}, {gpus} (the GPUs behind
+# the HCA, "2,3"), {counters} (the error counters that failed, "symbol_error")
+_NETWORK = (("hca", "hca"), ("port", "port"), ("gpus", "gpus"), ("failing", "counters"))
+_EVIDENCE = (
+    ("kind", "kind"), ("level", "level"), ("pci_bus_id", "bus"), ("code", "code"), *_NETWORK,
+)  # fmt: skip
+_EVENT_EVIDENCE = (("rank", "rank"), ("cause", "cause"), ("check", "check"), *_NETWORK)
+
+
+def _placeholder(value: Any) -> str | None:
+    """An evidence value as a placeholder's text: a list joined with commas; None (unknown)
+    for None and an empty list."""
+    if isinstance(value, list | tuple):
+        return ",".join(as_text(v) for v in value) or None
+    return None if value is None else as_text(value)
 
 
 KERNEL_SLACK_S = 5.0
@@ -194,7 +207,7 @@ class Scope:
             line = _one_line(ev.get("line"))  # the kernel line an Xid/kernel_log finding cites
             values = ((name, what),) + ((("xid", str(xid)),) if xid is not None else ())
             pairs = _EVIDENCE if label == "finding" else _EVENT_EVIDENCE
-            values += tuple((p, as_text(ev[k])) for k, p in pairs if ev.get(k) is not None)
+            values += tuple((p, t) for k, p in pairs if (t := _placeholder(ev.get(k))) is not None)
             self._hits[key] = Hit(
                 label,
                 f"{what}: {as_text(row.get('message'))}"[:MAX_TEXT]

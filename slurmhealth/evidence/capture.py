@@ -1,10 +1,10 @@
 """Capture a job's evidence bundle before the proof is gone (``slurmhealth evidence capture``).
 
 Every source (NVML dump, ``nvidia-smi -q``, kernel log, NCCL debug files, the job's output,
-its history rows, Python stacks, ``scontrol show``) runs in its own thread under its own
-timeout and byte cap (``[evidence]`` config); the capture stops waiting at ``budget_s``
-whatever the sources do, writes what it has, marks what was cut, and lists every file with
-its sha256 in ``manifest.json`` and in the history's ``evidence`` table.
+its history rows, Python stacks, ``scontrol show``, the RDMA ports and tools) runs in its own
+thread under its own timeout and byte cap (``[evidence]`` config); the capture stops waiting
+at ``budget_s`` whatever the sources do, writes what it has, marks what was cut, and lists
+every file with its sha256 in ``manifest.json`` and in the history's ``evidence`` table.
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from slurmhealth.evidence.sources import (
     find_py_spy,
     history_rows,
     py_spy_dumps,
+    rdma_sources,
     run_command,
     tail_file,
 )
 from slurmhealth.evidence.summary import write_summary
-from slurmhealth.model import Job
+from slurmhealth.model_records import Job
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -204,12 +205,8 @@ def _rows(db: str, table: str, req: _Request) -> Callable[[_Task, float], None]:
     return run
 
 
-def _plan(
-    req: _Request,
-    stdout_path: str | None,
-    stderr_path: str | None,
-    pids: Sequence[int],
-) -> tuple[list[_Task], dict[str, str]]:
+def _plan(req: _Request, stdout_path: str | None, stderr_path: str | None,
+          pids: Sequence[int]) -> tuple[list[_Task], dict[str, str]]:  # fmt: skip
     import shutil
 
     cfg, ev = req.cfg, req.cfg.evidence
@@ -258,6 +255,8 @@ def _plan(
     else:
         skipped["slurm"] = f"{ev.scontrol} not found"
     add("host", "host.txt", lambda t, d: _host(req, t, d))
+    for source, name, fn in rdma_sources(cfg, req.job.node, skipped):
+        add(source, name, fn)
     return tasks, skipped
 
 

@@ -17,7 +17,11 @@ import stat
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
 
 _CHUNK = 65536
 
@@ -219,3 +223,61 @@ def py_spy_dumps(
             errors.append(f"pid {pid}: {one.error}")
     if errors:
         sink.fail("; ".join(errors))
+
+
+RDMA_COMMANDS = (
+    ("ibstat", "ibstat.txt", ("ibstat",)),
+    ("ibv_devinfo", "ibv_devinfo.txt", ("ibv_devinfo", "-v")),
+    ("rdma-link", "rdma-link.txt", ("rdma", "-d", "link", "show")),
+)
+"""The RDMA tools whose output joins the bundle where they are installed (source, file,
+argv): ``ibstat`` (infiniband-diags), ``ibv_devinfo -v`` (ibverbs-utils), ``rdma link``
+(iproute2)."""
+
+
+def rdma_sysfs(root: str, sink: Sink, deadline: float = 0.0) -> None:
+    """Every RDMA port's state, rate and counters (``counters/*`` and ``hw_counters/*``)
+    as the kernel shows them under ``<root>/class/infiniband``, as JSON."""
+    import dataclasses
+
+    from slurmhealth.rdma.sysfs import read_rdma
+
+    rdma = read_rdma(root)
+    if rdma.error:
+        sink.fail(rdma.error)
+    data = json.dumps(dataclasses.asdict(rdma), indent=1, default=str) + "\n"
+    if not sink.write(data.encode()):
+        sink.fail(f"RDMA counters over {sink.cap} bytes; cut")
+
+
+def rdma_sources(
+    cfg: Config, node: str, skipped: dict[str, str]
+) -> list[tuple[str, str, Callable[[Any, float], None]]]:
+    """The RDMA evidence as (source, file, run) for the capture (``run(task, deadline)``
+    writes into ``task.out()``): the ports' sysfs state and counters, and the RDMA tools'
+    output where they are installed (the missing ones in ``skipped``); none on a node
+    without RDMA devices (``[rdma]``): nothing to capture, nothing skipped."""
+    import functools
+    import shutil
+
+    if not cfg.has_rdma(node):
+        return []
+    root = cfg.rdma_root(node)
+    out = [("rdma-sysfs", "rdma-sysfs.json", _into_sink(functools.partial(rdma_sysfs, root)))]
+    for source, name, argv in RDMA_COMMANDS:
+        found = shutil.which(argv[0])
+        if not found:
+            skipped[source] = f"{argv[0]} not found"
+            continue
+        command = functools.partial(run_command, [found, *argv[1:]])
+        out.append((source, name, _into_sink(command)))
+    return out
+
+
+def _into_sink(read: Callable[..., object]) -> Callable[[Any, float], None]:
+    """``read(sink, deadline)`` as the capture runs a source: into ``task.out()``."""
+
+    def run(task: Any, deadline: float) -> None:
+        read(task.out(), deadline)
+
+    return run

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmhealth.history import rollups
 from slurmhealth.history.schema import COLUMNS, PRIMARY_KEYS, SAMPLE_COLUMNS, quote, sql_value
 
 
@@ -105,7 +104,9 @@ def apply(conn: sqlite3.Connection, batch: Batch, now: float) -> None:
         )
         conn.execute(sql, [sql_value(v) for v in row.values()])
     samples = [r for t, r in inserts if t == "samples"]
-    if samples:
+    if samples:  # only the sidecar writes samples: a check never imports the rollups
+        from slurmhealth.history import rollups
+
         rollups.add(conn, samples)
     for key, value in batch.kv.items():
         conn.execute(

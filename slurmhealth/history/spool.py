@@ -26,7 +26,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from slurmhealth.history.batch import Batch, apply, immediate
 from slurmhealth.history.files import UnsafeFile, check_dir, open_private
@@ -42,8 +42,7 @@ class SpoolFull(OSError):
     """The spool reached its size bound; the batch was not kept."""
 
 
-@dataclass(frozen=True)
-class Spool:
+class Spool(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     """The spool at ``path``: files created with group ``gid``, at most ``max_bytes``
     (0: unbounded)."""
 

@@ -13,8 +13,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.model import Finding, GpuStatus, NodeSnapshot, Severity
 
@@ -24,7 +23,7 @@ if TYPE_CHECKING:
     from slurmhealth.history import Batch, History
     from slurmhealth.hooks.budget import Budget
     from slurmhealth.kernel_log import ReadResult
-    from slurmhealth.model import Job
+    from slurmhealth.model_records import Job
 
 log = logging.getLogger("slurmhealth.check")
 
@@ -35,8 +34,7 @@ CURSOR_KEY = "kernel_log_cursor"
 STATE_WAIT_S = 0.5  # the stored state is read before the decision: a short wait at most
 
 
-@dataclass(frozen=True)
-class CheckResult:
+class CheckResult(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     run_id: str
     node: str
     phase: str
@@ -45,7 +43,7 @@ class CheckResult:
     findings: tuple[Finding, ...]
     duration_s: float
     recorded: bool = True
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = ()
 
     @property
     def worst(self) -> Severity:
@@ -196,12 +194,12 @@ def read_kernel_log(
         source,
         lookback_s=cfg.kernel_log.lookback_s,
         budget_s=cfg.kernel_log.budget_s if budget_s is None else budget_s,
+        net=cfg.has_rdma(),
     )
     return read_positioned(reader, stored.get(CURSOR_KEY), history.path, notes), source
 
 
-@dataclass(frozen=True)
-class Judged:
+class Judged(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     """A check's verdict and the state to store with it (see :func:`check_batch`)."""
 
     result: CheckResult
@@ -295,7 +293,7 @@ def check_node(
         duration_s=time.monotonic() - t0,
     )  # fmt: skip
     if not history.write(check_batch(cfg, judged.result, job_row, judged.state)):
-        return dataclasses.replace(judged.result, recorded=False)
+        return judged.result._replace(recorded=False)
     return judged.result
 
 

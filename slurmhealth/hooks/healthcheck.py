@@ -21,7 +21,6 @@ tests/unit/test_healthcheck.py); :func:`healthcheck` wires the real ones.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -122,7 +121,7 @@ def run_healthcheck(
         cfg, snapshot, log_read, stored, notes, phase=PHASE if jobs == () else BUSY_PHASE,
         gpus=None, job_id=None, duration_s=time.monotonic() - t0,
     )  # fmt: skip
-    check = dataclasses.replace(judged.result, phase=PHASE)
+    check = judged.result._replace(phase=PHASE)
     candidates = drain_candidates(check.findings)
     drain = drain_node(cfg, adapters.slurm, node, candidates) if candidates else None
     if drain is not None and drain.state in ("suppressed", "failed"):
@@ -131,7 +130,7 @@ def run_healthcheck(
     if drain is not None and drain.state not in QUIET_STATES:
         batch.inserts.append(_drain_insert(check, drain, candidates))
     if not adapters.history.write(batch):
-        check = dataclasses.replace(check, recorded=False)
+        check = check._replace(recorded=False)
     return HealthcheckResult(check, jobs, skipped, drain)
 
 

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from slurmhealth.errors import UsageError
-from slurmhealth.model import Job, parse_gpu_list
+from slurmhealth.model import parse_gpu_list
+from slurmhealth.model_records import Job
 from slurmhealth.slurm import SlurmBackend, SlurmError
 
 log = logging.getLogger("slurmhealth.hooks")

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slurmhealth.check")
 
-KERNEL_CHECKS = ("xid", "kernel_log")
+KERNEL_CHECKS = ("xid", "kernel_log", "ib_kernel_log")
 PREDATES = "logged before the kernel-log position was rebuilt: recorded, not acted on"
 
 

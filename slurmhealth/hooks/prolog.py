@@ -28,7 +28,8 @@ from slurmhealth.hooks.budget import BoundedSlurm, Budget, BudgetSpent, bound_db
 from slurmhealth.hooks.check import check_batch, check_within
 from slurmhealth.hooks.drain import DrainOutcome, drain_node
 from slurmhealth.hooks.job import complete, job_from_env
-from slurmhealth.model import Finding, Job, NodeSnapshot, Severity
+from slurmhealth.model import Finding, NodeSnapshot, Severity
+from slurmhealth.model_records import Job
 from slurmhealth.slurm import SlurmBackend
 
 if TYPE_CHECKING:

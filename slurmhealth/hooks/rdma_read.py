@@ -3,7 +3,6 @@ hooks/check.py: nothing of the RDMA layer is imported on a node without any."""
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,17 +16,16 @@ def read_rdma_for_checks(
     """The node's RDMA devices for the network checks (docs/network.md) and their error
     counters for the rate windows; (None, {}) on a node without any, where nothing of the
     RDMA layer is even imported (the check path stays as fast as before)."""
-    if not cfg.rdma.enabled or not os.path.isdir(
-        os.path.join(cfg.rdma.sysfs_root, "class", "infiniband")
-    ):
+    if not cfg.has_rdma(snapshot.node or None):
         return None, {}
     from slurmhealth.checks.network import rdma_counters_of
     from slurmhealth.rdma.model import ERROR_COUNTERS
     from slurmhealth.rdma.sysfs import read_rdma
 
     buses = [g.pci_bus_id for g in snapshot.gpus if g.pci_bus_id]
-    rdma = read_rdma(cfg.rdma.sysfs_root, hw_counters=False, counters=ERROR_COUNTERS,
-                     gpu_pci_bus_ids=buses, ts=snapshot.ts)  # fmt: skip
+    root = cfg.rdma_root(snapshot.node or None)
+    rdma = read_rdma(root, hw_counters=False, counters=ERROR_COUNTERS, gpu_pci_bus_ids=buses,
+                     ts=snapshot.ts)  # fmt: skip
     return rdma, rdma_counters_of(rdma)
 
 

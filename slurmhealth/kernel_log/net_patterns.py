@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import re
 
-from slurmhealth.model import KernelEvent, normalize_pci_bus_id
+from slurmhealth.kernel_log.parse import might_be_net
+from slurmhealth.model import normalize_pci_bus_id
+from slurmhealth.model_records import KernelEvent
 
 NET_EVENT_KINDS = (
     "net_link_down",
@@ -54,11 +56,6 @@ _HEALTH_RE = re.compile(
     r"health compromised|unrecoverable hardware error|High temperature on sensors"
     r"|Fatal error detected|firmware (?:is )?stuck|device is in error state"
 )
-
-
-def might_be_net(text: str) -> bool:
-    """False for lines that cannot be an mlx5 network fault (a cheap filter)."""
-    return "mlx5" in text
 
 
 def parse_net_event(

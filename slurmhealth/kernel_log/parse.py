@@ -78,6 +78,12 @@ def might_be_fault(text: str) -> bool:
     )
 
 
+def might_be_net(text: str) -> bool:
+    """False for lines that cannot be an RDMA network fault (the mlx5 driver's): a cheap
+    filter (:mod:`.net_patterns` parses the rest)."""
+    return "mlx5" in text
+
+
 class LogLine(NamedTuple):
     """One log line split into its parts; unknown parts are ``None``."""
 

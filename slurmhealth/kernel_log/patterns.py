@@ -22,7 +22,8 @@ import re
 from collections.abc import Iterable, Sequence
 
 from slurmhealth.kernel_log.parse import might_be_fault
-from slurmhealth.model import KernelEvent, XidEvent, normalize_pci_bus_id
+from slurmhealth.model import XidEvent, normalize_pci_bus_id
+from slurmhealth.model_records import KernelEvent
 
 _BDF = r"(?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)"
 _BUS_RE = re.compile(_BDF)

@@ -14,19 +14,21 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from slurmhealth.kernel_log.parse import might_be_fault, parse_xid, split_line
+from slurmhealth.kernel_log.parse import might_be_fault, might_be_net, parse_xid, split_line
 from slurmhealth.kernel_log.position import decode
-from slurmhealth.model import KernelEvent, XidEvent
+from slurmhealth.model import XidEvent
+
+if TYPE_CHECKING:
+    from slurmhealth.model_records import KernelEvent  # built only where a fault was read
 
 _XID_MARK = "NVRM: Xid ("
 _MAX_LINE = 65536
 _SUBPROCESS_MIN_S = 0.5
 
 
-@dataclass(frozen=True)
-class ReadResult:
+class ReadResult(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     """What one :meth:`KernelLogReader.read_new` call found.
 
     ``events`` are the Xids, ``kernel_events`` the other GPU faults (fallen off the bus
@@ -51,8 +53,7 @@ class ReadResult:
     rebuilt: bool = False
 
 
-@dataclass(frozen=True)
-class _Record:
+class _Record(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
     text: str
     ts: float | None  # UTC seconds
     seq: int | None
@@ -73,21 +74,30 @@ class _Unavailable(Exception):
     """The source cannot be read; the message becomes ``ReadResult.error``."""
 
 
-def _kernel_events(recs: list[_Record], xids: tuple[XidEvent, ...]) -> tuple[KernelEvent, ...]:
-    """The non-Xid faults in ``recs``; the pattern module loads only when a line needs it."""
+def _kernel_events(
+    recs: list[_Record], xids: tuple[XidEvent, ...], net: bool
+) -> tuple[KernelEvent, ...]:
+    """The non-Xid faults in ``recs``, the GPUs' and (``net``) the RDMA network's (mlx5
+    lines); each pattern module loads only when a line needs it."""
     from slurmhealth.kernel_log.patterns import EventJoiner, resolve_gpu_numbers
 
     joiner = EventJoiner()
     events = [e for r in recs for e in joiner.feed(r.text, seq=r.seq, ts=r.ts)]
+    if net and (mlx5 := [r for r in recs if might_be_net(r.text)]):
+        from slurmhealth.kernel_log.net_patterns import parse_net_event
+
+        found = (parse_net_event(r.text, seq=r.seq, ts=r.ts) for r in mlx5)
+        events += [e for e in found if e is not None]
+        events.sort(key=lambda e: (e.seq is None, e.seq or 0, e.ts or 0.0))
     return tuple(resolve_gpu_numbers(events, xids))
 
 
-def _faults(recs: list[_Record]) -> tuple[tuple[XidEvent, ...], tuple[KernelEvent, ...]]:
-    """The Xids and the other GPU faults in ``recs``."""
+def _faults(recs: list[_Record], net: bool) -> tuple[tuple[XidEvent, ...], tuple[KernelEvent, ...]]:
+    """The Xids and the other faults in ``recs`` (``net``: the RDMA network's too)."""
     xids = [parse_xid(r.text, seq=r.seq, ts=r.ts) for r in recs if _XID_MARK in r.text]
     found = tuple(x for x in xids if x is not None)
     rest = [r for r in recs if _XID_MARK not in r.text]
-    return found, (_kernel_events(rest, found) if rest else ())
+    return found, (_kernel_events(rest, found, net) if rest else ())
 
 
 def _ts(boot: float | None, usec: int | None) -> float | None:
@@ -110,6 +120,7 @@ class KernelLogReader:
 
     ``source``: ``"kmsg"`` (``/dev/kmsg``), ``"journalctl"`` (``journalctl -k``), ``"dmesg"``
     (``dmesg --raw``), ``"none"`` (disabled) or a path to a file of kmsg-format or plain lines.
+    ``net``: the mlx5 driver's RDMA faults too (a node with RDMA devices).
     With a cursor from another boot or file only records from the last ``lookback_s``
     seconds count; with no readable cursor they come back as old (never to act on) and the
     new cursor is the end of the log. One read stops after ``max_records`` new records or
@@ -130,8 +141,10 @@ class KernelLogReader:
         max_records: int = 100_000,
         budget_s: float = 1.0,
         boot_time: float | None = None,
+        net: bool = True,
     ) -> None:
         self.source = source
+        self.net = net  # also the RDMA network's (mlx5) lines: a node with RDMA devices
         self.lookback_s = lookback_s
         self.max_records = max(1, max_records)
         self.budget_s = budget_s
@@ -183,7 +196,7 @@ class KernelLogReader:
                 n += 1
                 scan.cursor = rec.mark
                 any_time = any_time or rec.ts is not None
-                if might_be_fault(rec.text):
+                if might_be_fault(rec.text) or (self.net and might_be_net(rec.text)):
                     candidates.append(rec)
                 if n >= self.max_records:
                     scan.error = f"partial read: stopped after {n} records (max_records)"
@@ -207,8 +220,8 @@ class KernelLogReader:
         cursor = {**scan.cursor, "saved": now}
         if before is not None and scan.error is not None:
             cursor["old_before"] = before  # partial: the next read goes on catching up
-        xids, kernel = _faults(new)
-        old_xids, old_kernel = _faults(old)
+        xids, kernel = _faults(new, self.net)
+        old_xids, old_kernel = _faults(old, self.net)
         return ReadResult(xids, cursor, True, scan.error, kernel, old_xids, old_kernel, rebuild)
 
     def _boot(self, now: float) -> float | None:

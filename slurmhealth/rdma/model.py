@@ -162,6 +162,7 @@ class PciGpu:
 
     pci_bus_id: str
     pcie_path: tuple[str, ...]
+    numa_node: int | None = None
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,14 @@ def shared_switch(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     return bool(a) and bool(b) and a[0] == b[0] and len(a) > 1 and len(b) > 1
 
 
-def gpus_near(hca: Hca, gpus: tuple[PciGpu, ...]) -> tuple[str, ...]:
-    """The PCI bus ids of the GPUs behind the same PCIe switch as ``hca``, sorted."""
-    return tuple(sorted(g.pci_bus_id for g in gpus if shared_switch(hca.pcie_path, g.pcie_path)))
+def gpus_near(hca: Hca, gpus: tuple[PciGpu, ...], hcas: tuple[Hca, ...] = ()) -> tuple[str, ...]:
+    """The PCI bus ids of the GPUs whose inter-node traffic ``hca`` carries, sorted: those
+    behind the same PCIe switch (NCCL's PIX/PXB pairing); when none is (an HCA on a switch or
+    root port without GPUs), those on its NUMA node (NCCL's NODE distance) that no HCA of
+    ``hcas`` shares a switch with; else none."""
+    same = sorted(g.pci_bus_id for g in gpus if shared_switch(hca.pcie_path, g.pcie_path))
+    if same or hca.numa_node is None:
+        return tuple(same)
+    served = {g.pci_bus_id for g in gpus for h in hcas if shared_switch(h.pcie_path, g.pcie_path)}
+    local = [g.pci_bus_id for g in gpus if g.numa_node == hca.numa_node]
+    return tuple(sorted(b for b in local if b not in served))

@@ -79,6 +79,12 @@ def _int(path: str) -> int | None:
     return int(text) if text is not None and text.isascii() and text.isdigit() else None
 
 
+def _numa(path: str) -> int | None:
+    """``numa_node``: the node's number; ``-1`` (no NUMA affinity) and unreadable: None."""
+    text = _text(path)
+    return int(text) if text and text.isascii() and text.isdigit() else None
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))[:MAX_ENTRIES]
@@ -90,7 +96,6 @@ def _hca(root: str, path: str, name: str, hw: bool, wanted: frozenset[str] | Non
     device = os.path.join(path, "device")
     chain = pcie_chain(root, device)
     ports = [p for p in _listdir(os.path.join(path, "ports")) if p.isdigit()]
-    numa = _text(os.path.join(device, "numa_node"))
     return Hca(
         name=name,
         ports=tuple(_port(os.path.join(path, "ports", p), name, int(p), hw, wanted) for p in ports),
@@ -102,7 +107,7 @@ def _hca(root: str, path: str, name: str, hw: bool, wanted: frozenset[str] | Non
         hca_type=_text(os.path.join(path, "hca_type")),
         node_type=_text(os.path.join(path, "node_type")),
         netdevs=tuple(_listdir(os.path.join(device, "net"))),
-        numa_node=int(numa) if numa and numa.lstrip("-").isdigit() and int(numa) >= 0 else None,
+        numa_node=_numa(os.path.join(device, "numa_node")),
     )
 
 
@@ -164,7 +169,7 @@ def _gpus(root: str, buses: Iterable[str] | None) -> tuple[PciGpu, ...]:
             continue  # NVSwitches (0x0680) and audio functions are not GPUs
         chain = pcie_chain(root, path)
         if chain:
-            out.append(PciGpu(chain[-1], chain))
+            out.append(PciGpu(chain[-1], chain, _numa(os.path.join(path, "numa_node"))))
     return tuple(out)
 
 

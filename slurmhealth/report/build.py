@@ -30,6 +30,7 @@ from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import StoreError, UsageError
 from slurmhealth.history import read
+from slurmhealth.report import accounting
 from slurmhealth.report import sources as src
 from slurmhealth.report.answer import Answer, DiagnosisGroup, answer, group_diagnoses
 from slurmhealth.report.efficiency import Efficiency, TimelineEntry, collapse, efficiency
@@ -75,6 +76,7 @@ class Report:
     efficiency: Efficiency | None = None
     groups: tuple[DiagnosisGroup, ...] = ()  # the diagnoses, one per rule and node
     moments: tuple[TimelineEntry, ...] = ()  # the timeline collapsed to what matters
+    unreached: tuple[tuple[str, str], ...] = ()  # (source, why) of the sources not used
 
     @property
     def facts(self) -> Facts:
@@ -112,7 +114,11 @@ def build_report(
     try:
         where, private = _searched(cfg, job_id, dbs)
         if job is None and not summaries and not any(d.nodes for d in dbs):
-            raise _not_found(cfg, job_id, where, private, unreadable, requester_uid, rights)
+            acct = accounting.read_accounting(job_id) if accounting.enabled(cfg) else None
+            if acct is None:
+                raise _not_found(cfg, job_id, where, private, unreadable, requester_uid, rights)
+            ask = _Ask(window_s, requester_uid, rights, now)
+            return _accounting_report(cfg, acct, where, ask)
         for path, why in unreadable.items():
             log.warning("history %s cannot be read (%s): the report may miss part of job %s",
                         path, why, job_id)  # fmt: skip
@@ -131,6 +137,45 @@ def build_report(
             d.db.close()
     read_from = _Read(tuple(sources), tuple(evidence), tuple(incidents), tuple(where))
     return _assemble(cfg, job_id, facts, diagnoses, read_from, window_s, now)
+
+
+class _Ask(NamedTuple):
+    window_s: float | None
+    requester_uid: int | None
+    rights: access.Rights | None
+    now: float | None
+
+
+def _accounting_report(
+    cfg: Config, acct: accounting.AccountingRead, where: list[str], ask: _Ask
+) -> Report:
+    """The report from Slurm accounting, the stored summary and Prometheus (no node history
+    or evidence reached): the access check first, on the owner accounting names."""
+    job = accounting.job_facts(acct.job)
+    if ask.requester_uid is not None:
+        uid = None
+        with contextlib.suppress(KeyError):
+            uid = pwd.getpwnam(job.user).pw_uid if job.user else None
+        _check_access(job, uid, ask.requester_uid, ask.rights or access.Rights())
+    accounting.read_details(cfg, acct)
+    facts = accounting.facts_from_accounting(acct)
+    for source, why in acct.failed.items():
+        log.info("job %s: %s not used: %s", job.job_id, source, why)
+    sources = tuple((n, source, path) for n in (job.nodes or ("*",)) for source, path in acct.used)
+    read_from = _Read(sources, (), (), (*where, *(p for _s, p in acct.used)))
+    report = _assemble(cfg, job.job_id, facts, diagnose(facts), read_from, ask.window_s, ask.now)
+    report = replace(report, unreached=tuple(acct.failed.items()))
+    stored = acct.summary
+    if not stored or not stored.get("v") or report.answer is None:
+        return report
+    # the verdict ctld-epilog made at the job's end, from every node's full evidence
+    ans = replace(
+        report.answer,
+        verdict=stored["v"],
+        fault_class=stored["f"],
+        confidence=stored["c"] if stored["c"] is not None else report.answer.confidence,
+    )
+    return replace(report, verdict=stored["v"], answer=ans)  # fmt: skip
 
 
 class _Read(NamedTuple):

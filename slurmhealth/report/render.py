@@ -83,6 +83,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "evidence": [{**asdict(e), "files": [dict(f) for f in e.files]} for e in report.evidence],
         "past_incidents": [{**asdict(i), "time": utc(i.ts)} for i in report.past_incidents],
         "searched": list(report.searched),
+        "unreached": [{"source": s, "why": w} for s, w in report.unreached],
         "incidents": [{"why": why, **asdict(i)} for why, i in report.known_incidents],
         "answer": None if report.answer is None else asdict(report.answer),
         "efficiency": None if report.efficiency is None else asdict(report.efficiency),

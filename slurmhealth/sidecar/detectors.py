@@ -37,15 +37,8 @@ from slurmhealth.checks import CheckContext, run_checks
 from slurmhealth.checks.counters import History, remember, window_of
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, peer_medians, stragglers
 from slurmhealth.config import Config
-from slurmhealth.model import (
-    Finding,
-    GpuState,
-    KernelEvent,
-    NodeSnapshot,
-    Severity,
-    TaskStats,
-    XidEvent,
-)
+from slurmhealth.model import Finding, GpuState, NodeSnapshot, Severity, XidEvent
+from slurmhealth.model_records import KernelEvent, TaskStats
 from slurmhealth.sidecar.faults import KernelFaults
 from slurmhealth.sidecar.state import Event
 
@@ -64,6 +57,8 @@ KINDS: Mapping[str, Severity] = {
     "rank_straggler": Severity.WARN,  # a training rank the others wait for (task level)
     "throughput_drop": Severity.WARN,
     "step_stall": Severity.FAIL,
+    "ib_errors": Severity.FAIL,  # per port, by the RDMA watch (sidecar/rdma.py)
+    "ib_port_down": Severity.FAIL,
 }
 """Every event kind and its severity (``xid``, ``kernel``: decided per fault)."""
 

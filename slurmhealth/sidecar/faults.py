@@ -18,8 +18,9 @@ from typing import Any
 from slurmhealth.checks import CheckContext, catalog, run_check
 from slurmhealth.checks.xid_table import judge
 from slurmhealth.config import ChecksConfig
-from slurmhealth.model import KernelEvent, NodeSnapshot, XidEvent
+from slurmhealth.model import NodeSnapshot, XidEvent
 from slurmhealth.model import normalize_pci_bus_id as _norm_bus
+from slurmhealth.model_records import KernelEvent
 from slurmhealth.sidecar.state import Event
 
 XID_DEDUPE_S = 2.0  # the same Xid on the same GPU this close in time: one event (two sources)
@@ -98,13 +99,15 @@ class KernelFaults:
         """One ``kernel`` event per finding of the ``kernel_log`` check over ``events`` (the
         faults of one kernel-log read, ``xids`` the Xids of the same read: an acting Xid on
         a GPU covers its other faults). ``snapshot`` holds the job's GPUs; a fault on another
-        GPU is not the job's, a node-level one (an SXid, a line naming no GPU) is."""
-        if not events or "kernel_log" in self._checks.disabled:
+        GPU is not the job's, a node-level one (an SXid, an HCA's mlx5 line judged by
+        ``ib_kernel_log``, a line naming no GPU) is."""
+        checks = [c for c in ("kernel_log", "ib_kernel_log") if c not in self._checks.disabled]
+        if not events or not checks:
             return []
         ctx = CheckContext(
             snapshot, "sidecar", self.gpus or None, xids=tuple(xids), kernel_events=tuple(events)
         )
-        findings = run_check(catalog()["kernel_log"], ctx, self._checks.settings)
+        findings = [f for c in checks for f in run_check(catalog()[c], ctx, self._checks.settings)]
         mine = {g.index: g for g in snapshot.gpus if not self.gpus or g.index in self.gpus}
         covered = all(g.pci_bus_id for g in mine.values())  # every job GPU's bus id known
         out = []
@@ -112,8 +115,9 @@ class KernelFaults:
             ev: dict[str, Any] = dict(f.evidence)
             bus, number = ev.get("pci_bus_id"), ev.get("gpu_number")
             named = f.gpu is not None or (covered and bus is not None) or number is not None
-            if f.gpu not in mine and named and ev.get("kind") != "sxid":
-                continue  # a fault on a GPU that is not the job's
+            node_level = ev.get("kind") == "sxid" or f.check == "ib_kernel_log"
+            if f.gpu not in mine and named and not node_level:
+                continue  # a fault on a GPU that is not the job's (an HCA is the node's)
             ts = ev.get("ts")
             ts = float(ts) if isinstance(ts, int | float) else default_ts
             ev.update(action=f.action.value, hint=f.hint)

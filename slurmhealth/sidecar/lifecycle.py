@@ -24,7 +24,7 @@ from dataclasses import asdict
 from slurmhealth.config import Config
 from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.export_state import write_atomic
-from slurmhealth.model import Job
+from slurmhealth.model_records import Job
 from slurmhealth.sidecar.files import SidecarFiles
 
 log = logging.getLogger("slurmhealth.sidecar")

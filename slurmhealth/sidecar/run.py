@@ -24,12 +24,15 @@ from typing import TYPE_CHECKING, Any
 from slurmhealth.config import Config
 from slurmhealth.errors import StoreError
 from slurmhealth.history import Batch, History, rows
-from slurmhealth.model import ExportState, Job, XidEvent, normalize_pci_bus_id
+from slurmhealth.model import XidEvent, normalize_pci_bus_id
+from slurmhealth.model_records import ExportState, Job
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.state import Event
+from slurmhealth.stopflag import StopFlag
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
-    from slurmhealth.model import NodeSnapshot, TaskStats
+    from slurmhealth.model import NodeSnapshot
+    from slurmhealth.model_records import TaskStats
     from slurmhealth.sidecar.detectors import Detectors
 
 log = logging.getLogger("slurmhealth.sidecar")
@@ -64,7 +67,7 @@ class Sidecar:
         self.node = labels.node or cfg.node_name
         self.files = SidecarFiles.of(cfg, self.node, labels.job_id)
         self.interval = max(1.0, cfg.sidecar.interval_s)
-        self._stop = threading.Event()
+        self._stop = StopFlag()  # set by a signal handler: no lock (stopflag.py)
         self._state = ExportState(labels=labels, started_ts=time.time())
         self._lock = threading.Lock()
         self._pending_samples: list[dict[str, Any]] = []
@@ -76,6 +79,7 @@ class Sidecar:
         self._publish_failed = False
         self._history: History | None = None
         self._why_stopped = "job gone"
+        self._rdma_state: Any = None  # the judged ports last read; False: reading failed
         from slurmhealth.metrics import SidecarCollector
 
         mc = cfg.metrics
@@ -178,6 +182,8 @@ class Sidecar:
         except BaseException as exc:
             lifecycle_log().error("%s died: %s", who, type(exc).__name__)
             raise
+        finally:
+            self._stop.close()
         lifecycle_log().info("%s stopped (%s)", who, self._why_stopped)
         return 0
 
@@ -189,6 +195,7 @@ class Sidecar:
         backend = self._open_and_announce()
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
+        rdma = self._rdma_watch()
         presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
         klog, cursor = self._kernel_log(backend)
         xid_queue: list[XidEvent] = []
@@ -203,7 +210,7 @@ class Sidecar:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 snapshot = backend.snapshot(self.gpus)
-                events = detectors.observe(snapshot)
+                events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
                 klog_read = klog.read_new(cursor, time.time())
                 cursor = klog_read.cursor
                 with self._lock:
@@ -237,6 +244,31 @@ class Sidecar:
             self.cleanup()
             backend.close()
 
+    def _rdma_watch(self) -> Any:
+        """The RDMA ports' sampler and detector; None (nothing of it loaded) unless
+        ``[rdma]`` is enabled and the node shows RDMA devices."""
+        from slurmhealth.sidecar import rdma
+
+        return rdma.RdmaWatch(self.cfg, self.node) if rdma.configured(self.cfg, self.node) else None
+
+    def _rdma_step(self, watch: Any, snapshot: NodeSnapshot) -> list[Event]:
+        """One read of the RDMA ports (once per interval): their series for the next
+        publish, their events now. A failed read is logged once and judged nothing."""
+        if watch is None:
+            return []
+        from slurmhealth.sidecar.rdma import job_ports
+
+        try:
+            read = watch.read(snapshot)
+            events: list[Event] = watch.observe(read, snapshot)
+        except Exception as exc:  # fail open, loudly: the GPUs are still sampled
+            if self._rdma_state is not False:
+                log.warning("job %s: RDMA ports not read: %s", self.labels.job_id, exc)
+            self._rdma_state = False
+            return []
+        self._rdma_state = job_ports(read, watch.expect)
+        return events
+
     def _open_and_announce(self) -> Any:
         """The GPU backend, once the sidecar's files say it runs; on a failure (a full disk)
         nothing is left behind."""
@@ -259,7 +291,8 @@ class Sidecar:
         source = self.cfg.kernel_log.source
         if source == "auto":
             source = backend.kernel_log_hint or "kmsg"
-        klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5)
+        klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5,
+                               net=self.cfg.has_rdma(self.node))  # fmt: skip
         try:
             with History.for_node(self.cfg, self.node) as history:
                 return klog, history.kv_get("kernel_log_cursor")
@@ -303,6 +336,7 @@ class Sidecar:
                 xid_counts=dict(self._xid_counts),
                 event_counts=dict(self._event_counts),
                 task=stats,
+                rdma=self._rdma_state or None,
                 samples_total=self._state.samples_total + len(snapshot.gpus),
             )
         self._publish()

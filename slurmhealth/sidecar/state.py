@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmhealth.model import ExportState, Severity, TaskStats
+from slurmhealth.model import Severity
+from slurmhealth.model_records import ExportState, TaskStats
 
 __all__ = ["Event", "ExportState", "TaskStats"]
 

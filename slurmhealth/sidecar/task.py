@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from slurmhealth.model import TaskStats
+from slurmhealth.model_records import TaskStats
 
 log = logging.getLogger("slurmhealth.sidecar")
 

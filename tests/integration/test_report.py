@@ -33,10 +33,12 @@ utilization_gpu = 0
 """
 
 
-def _as_user(user: str, *args: str, cluster: Cluster) -> subprocess.CompletedProcess[str]:
+def _as_user(
+    user: str, *args: str, cluster: Cluster, config: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     """`slurmhealth ARGS` run by an ordinary user: Debian's python3 with the checkout and the
     venv's (pure-Python) packages on the path, since the venv's interpreter lives under
-    /root here."""
+    /root here. ``config``: the user's config file (default: the cluster's)."""
     site = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
     return subprocess.run(
         [
@@ -46,7 +48,7 @@ def _as_user(user: str, *args: str, cluster: Cluster) -> subprocess.CompletedPro
             "--",
             "env",
             f"PYTHONPATH={REPO}:{site}",
-            f"SLURMHEALTH_CONFIG={cluster.dir / 'slurmhealth.toml'}",
+            f"SLURMHEALTH_CONFIG={config or cluster.dir / 'slurmhealth.toml'}",
             "/usr/bin/python3",
             "-m",
             "slurmhealth",

@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from slurmhealth.metrics import SidecarCollector, render
-from slurmhealth.model import ExportState
+from slurmhealth.model_records import ExportState
 from tests.prometheus_util import promtool
 
 # one block per backfill pass: promtool reads the whole file once per block it writes, and

@@ -187,3 +187,12 @@ def test_a_key_with_a_newline_still_gives_one_line(tmp_path: Path, text: str) ->
     with pytest.raises(ConfigError) as err:
         load(tmp_path, text)
     assert "\n" not in str(err.value) and "\r" not in str(err.value)
+
+
+def test_the_field_types_read_fast_are_the_annotations() -> None:
+    from typing import get_type_hints
+
+    from slurmhealth.config import _SECTIONS, _section_fields
+
+    for name, cls in _SECTIONS.items():
+        assert _section_fields(name) == get_type_hints(cls), name

@@ -12,15 +12,8 @@ from dataclasses import replace
 from functools import lru_cache
 
 from slurmhealth.config import Config, SidecarConfig
-from slurmhealth.model import (
-    GpuState,
-    GpuStatus,
-    NodeSnapshot,
-    NvLink,
-    Severity,
-    TaskStats,
-    XidEvent,
-)
+from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink, Severity, XidEvent
+from slurmhealth.model_records import TaskStats
 from slurmhealth.sidecar.detectors import KINDS, Detectors
 from slurmhealth.sidecar.state import Event
 from slurmhealth.sidecar.task import StepRecord

@@ -72,6 +72,10 @@ def one(ds: list[Diagnosis], rule: str) -> Diagnosis:
     return found[0]
 
 
+IB_ERRORS = {"hca": "mlx5_1", "port": 1, "gpus": [2, 3], "failing": ["symbol_error"],
+             "gpu_pci_bus_ids": ["0000:3a:00.0", "0000:5d:00.0"]}  # fmt: skip
+"""What the ib_errors check's finding (and the sidecar's event) says of a failing port."""
+
 # -- one case per rule: it fires, and no other rule of severity >= fail does ---------------------
 
 CASES: dict[str, Facts] = {
@@ -130,6 +134,7 @@ CASES: dict[str, Facts] = {
         exit_code="0:9",
     ),
     "idle_gpus": facts(node(gpus=gpus(util=0.0))),
+    "network_degraded": facts(node(findings=(finding("ib_errors", **IB_ERRORS),)), node("n2")),
     "application_error": facts(
         node(logs={"stderr": "Traceback (most recent call last):\nValueError: bad shape"}),
         state="failed",
@@ -185,6 +190,17 @@ def test_rule_fires_alone(rule: str) -> None:
         ),
         ("oom_kill", node(), {"state": "out_of_memory", "exit_code": "0:125"}),
         ("application_error", node(), {"state": "completed", "exit_code": "3:0"}),
+        (
+            "network_degraded",
+            node(events=(event("ib_errors", check="ib_errors", **IB_ERRORS),)),
+            {},
+        ),
+        (
+            "network_degraded",
+            node(findings=(finding("ib_kernel_log", kind="net_module_error", hca="mlx5_1"),)),
+            {},
+        ),
+        ("network_degraded", node(findings=(finding("ib_port_state", hca="mlx5_0", port=1),)), {}),
     ],
 )
 def test_rule_fires_on_each_symptom(rule: str, node_facts: NodeFacts, job_kw: Any) -> None:
@@ -204,6 +220,10 @@ def test_rule_fires_on_each_symptom(rule: str, node_facts: NodeFacts, job_kw: An
         (node(task=TaskFacts(data_wait_ratio=0.5)), {}),  # GPUs busy: not starving
         (node(task=TaskFacts(data_wait_ratio=0.1), gpus=gpus(util=20.0)), {}),
         (node(logs={"stderr": "Killed"}), {"state": "failed", "exit_code": "0:15"}),
+        # errors growing, but not yet over the check's window: a warning, not a fault
+        (node(findings=(finding("ib_errors", severity="warn", **IB_ERRORS),)), {}),
+        # one link flap recorded from the kernel log
+        (node(findings=(finding("ib_kernel_log", severity="warn", kind="net_link_down"),)), {}),
     ],
 )
 def test_no_severe_rule_on_near_misses(node_facts: NodeFacts, job_kw: Any) -> None:
@@ -581,3 +601,20 @@ def test_a_kernel_line_from_before_the_job_is_not_the_jobs_fault() -> None:
 
     assert "gpu_fell_off_bus" not in rules_of(diagnose(with_line(-60)))  # a minute before
     assert "gpu_fell_off_bus" in rules_of(diagnose(with_line(+60)))  # during the job
+
+
+def test_a_degraded_port_names_the_network_the_hca_and_the_gpus_behind_it() -> None:
+    f = facts(
+        node("n1"),
+        node("n2", events=(event("ib_errors", check="ib_errors", **IB_ERRORS),),
+             findings=(finding("ib_errors", **IB_ERRORS),)),
+    )  # fmt: skip
+    ds = diagnose(f)
+    d = one(ds, "network_degraded")
+    assert (d.node, d.fault_class, len(d.citations)) == ("n2", "system", 2)
+    assert verdict(ds, f).startswith(
+        "network degraded on n2: mlx5_1/1 ib_errors (symbol_error) (GPUs 2,3 behind it)"
+    )
+    assert "GPUs 2,3" in d.root_cause and "InfiniBand/RoCE port mlx5_1/1" in d.root_cause
+    assert "--exclude=n2" in d.user_action and "not your code" in d.user_action
+    assert "ib_write_bw" in d.action and "perfquery" in d.verify

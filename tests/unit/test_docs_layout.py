@@ -46,11 +46,13 @@ def test_no_file_names_an_old_install_layout() -> None:
 
 def test_slurm_conf_snippet_names_the_installed_wrappers() -> None:
     snippet = (REPO / "deploy/slurm/slurm.conf.snippet").read_text()
-    named = dict(re.findall(r"^(Prolog|Epilog|HealthCheckProgram)=(\S+)", snippet, re.M))
+    keys = r"^(Prolog|Epilog|HealthCheckProgram|EpilogSlurmctld)=(\S+)"
+    named = dict(re.findall(keys, snippet, re.M))
     assert named == {
         "Prolog": f"{LAYOUT['wrappers']}/slurmhealth-prolog",
         "Epilog": f"{LAYOUT['wrappers']}/slurmhealth-epilog",
         "HealthCheckProgram": f"{LAYOUT['wrappers']}/slurmhealth-healthcheck",
+        "EpilogSlurmctld": f"{LAYOUT['wrappers']}/slurmhealth-ctld-epilog",
     }
     assert {Path(p).name for p in named.values()} == set(WRAPPERS)
 

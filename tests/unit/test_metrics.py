@@ -12,15 +12,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from slurmhealth.metrics import GPU_LABELS, INFO_LABELS, JOB_LABELS, SidecarCollector, render
-from slurmhealth.model import (
-    ExportState,
-    GpuState,
-    GpuStatus,
-    Job,
-    NodeSnapshot,
-    NvLink,
-    TaskStats,
-)
+from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
+from slurmhealth.model_records import ExportState, Job, TaskStats
 from tests.prometheus_util import promtool
 
 GIB = 1024**3

@@ -110,6 +110,18 @@ def test_8_hca_node_names_the_one_gpu_sharing_the_switch(tmp_path: Path) -> None
     assert f.message.endswith("(GPU 5 behind it)") and f.evidence["hca"] == "mlx5_5"
 
 
+def test_an_hca_on_a_switch_without_gpus_names_the_unserved_gpus_of_its_numa_node(
+    tmp_path: Path,
+) -> None:
+    spec = simtree.preset("ndr4")
+    spec.switches.append(0x50)  # a switch of its own on NUMA node 0 (GPUs 0-3's node)
+    spec.hcas[1].switch = len(spec.switches) - 1
+    spec = simtree.fault(spec, "down", "mlx5_1")
+    f = one(Node(tmp_path, spec, RdmaExpect(devices=("mlx5_1",))).run(), "ib_port_state")
+    # GPUs 0 and 1 share mlx5_0's switch: theirs; 2 and 3 have no HCA of their own
+    assert f.evidence["gpus"] == [2, 3] and f.message.endswith("(GPUs 2,3 behind it)")
+
+
 def test_a_degraded_rate_fails_on_its_port(tmp_path: Path) -> None:
     spec = simtree.fault(simtree.preset("ndr4"), "rate", "mlx5_2")
     f = one(Node(tmp_path, spec).run(), "ib_rate")

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmhealth.hooks.job import complete, job_from_env
-from slurmhealth.model import Job
+from slurmhealth.model_records import Job
 from slurmhealth.slurm import parse_job_line
 from tests.support.recording_slurm import RecordingSlurm
 

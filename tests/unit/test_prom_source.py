@@ -25,7 +25,8 @@ from slurmhealth.errors import PrometheusError, UsageError
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
 from slurmhealth.history.rows import sample_rows
-from slurmhealth.model import ExportState, GpuState, GpuStatus, Job, NodeSnapshot, NvLink
+from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
+from slurmhealth.model_records import ExportState, Job
 from slurmhealth.report import prometheus
 from slurmhealth.report.collect import node_facts
 from slurmhealth.report.prometheus import PromSource

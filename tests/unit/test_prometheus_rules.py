@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry
 from slurmhealth.exposition import serve
 from slurmhealth.history.node_queries import DrainInForce, LastCheck
 from slurmhealth.metrics import SidecarCollector
-from slurmhealth.model import TaskStats
+from slurmhealth.model_records import TaskStats
 from slurmhealth.node_metrics import NodeFacts, node_families
+from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
 from tests.prometheus_util import (
     answers,
     free_port,
@@ -66,6 +67,7 @@ JOB_ALERTS = {
     "SlurmhealthGpuLost", "SlurmhealthXid", "SlurmhealthNvlinkDown",
     "SlurmhealthEccUncorrectable", "SlurmhealthGpuHot", "SlurmhealthThrottling",
     "SlurmhealthJobHang", "SlurmhealthThroughputDrop", "SlurmhealthStraggler",
+    "SlurmhealthRdmaPortErrors",
 }  # fmt: skip
 NODE_ALERTS = {
     "SlurmhealthFailOpen", "SlurmhealthConfigInvalid", "SlurmhealthNodeDrainedLong",
@@ -124,7 +126,10 @@ def all_queries() -> list[tuple[str, str]]:
     return [(name, expr) for name in DASHBOARDS for expr in dashboard_queries(name)]
 
 
-FULL = state(task=TaskStats(1, 0.4, 1.0, 1.0, 0.4, 0.1, 0.01, 1.0))
+PORT = IbPort("mlx5_0", 1, 4, "ACTIVE", 5, "LinkUp", Rate(400.0, 4, "NDR"), "InfiniBand",
+              {"symbol_error": 3, "port_xmit_data": 10**9, "port_rcv_data": 10**9})  # fmt: skip
+RDMA = RdmaSnapshot(1.7e9, (Hca("mlx5_0", (PORT,)),))
+FULL = state(task=TaskStats(1, 0.4, 1.0, 1.0, 0.4, 0.1, 0.01, 1.0), rdma=RDMA)
 FACTS = NodeFacts(
     "gpu-a01",
     last_checks=[LastCheck("prolog", "ok", 1.7e9), LastCheck("healthcheck", "warn", 1.7e9)],
@@ -185,7 +190,7 @@ def test_amtool_accepts_the_alertmanager_config_with_its_inhibit_rules() -> None
     done = subprocess.run([tool, "check-config", str(ALERTMANAGER)], capture_output=True,
                           text=True, timeout=60, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS" in done.stdout and "7 inhibit rules" in done.stdout
+    assert "SUCCESS" in done.stdout and "8 inhibit rules" in done.stdout
 
 
 def alert_blocks() -> dict[str, list[str]]:

@@ -276,3 +276,13 @@ def test_other_lines_are_not_network_faults(line: str) -> None:
 def test_net_patterns_never_raise(text: str, prefix: str) -> None:
     e = parse_net_event(prefix + text)
     assert e is None or e.kind in NET_EVENT_KINDS
+
+
+def test_an_unreadable_peak_is_not_measured_the_average_still_is() -> None:
+    for peak in ("nan", "inf", "-nan"):
+        text = BANNER + (
+            " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n"
+            f" 65536      5000             {peak}             392.11             0.747872\n"
+        )
+        got = {m.metric: m.value for m in parse("perftest", text).measurements}
+        assert got == {"ib_write_bw.bw_avg": 392.11, "ib_write_bw.bw_avg@65536": 392.11}, peak

@@ -20,7 +20,7 @@ import pytest
 
 from slurmhealth.config import Config, load_config
 from slurmhealth.history import History
-from slurmhealth.model import Job
+from slurmhealth.model_records import Job
 from slurmhealth.sidecar import run as sidecar_run
 from slurmhealth.sidecar.lifecycle import stop_sidecar
 from slurmhealth.sidecar.run import Sidecar

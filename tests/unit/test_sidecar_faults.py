@@ -11,7 +11,8 @@ from slurmhealth.checks import CheckContext, catalog
 from slurmhealth.config import ChecksConfig, Config
 from slurmhealth.kernel_log.parse import parse_xid
 from slurmhealth.kernel_log.patterns import parse_events
-from slurmhealth.model import KernelEvent, Severity, XidEvent
+from slurmhealth.model import Severity, XidEvent
+from slurmhealth.model_records import KernelEvent
 from slurmhealth.sidecar.detectors import KINDS, Detectors
 from tests.unit.test_detectors import T0, gpu, snap
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.config import Config, load_config
-from slurmhealth.model import Job
+from slurmhealth.model_records import Job
 from slurmhealth.sidecar.lifecycle import RUN_DIR_ENV, start_sidecar, stop_sidecar
 from slurmhealth.sidecar.presence import JobPresence
 from tests.support.sim_config import sidecar_config, sidecar_env

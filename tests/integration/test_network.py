@@ -1,0 +1,174 @@
+"""The network layer on the real cluster: n1 and n2 get a generated sysfs tree of a 4-HCA NDR
+node each (``[rdma] sysfs_root`` with ``{node}``: the nodes share one config and one host),
+a 2-node job runs, and n2's ``mlx5_1`` port starts taking symbol errors while it runs. The
+sidecars' RDMA series and n2's ``ib_errors`` event reach Prometheus with the job's labels,
+n2's epilog drains it with a ``slurmhealth: ib_errors mlx5_1/1`` reason, and the report
+names the network, the HCA and the GPUs behind it (2 and 3). The ib_write_bw template runs
+across two nodes and stores its results."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurmhealth.rdma import simtree
+from tests.integration import test_sidecar
+from tests.integration.conftest import Cluster
+from tests.integration.test_baseline import _submit
+from tests.integration.test_prolog_epilog import slurmhealth
+from tests.integration.test_sidecar import Fleet, _wait
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = REPO / "tests" / "fixtures" / "bin"
+TREE_NODES = ("n1", "n2")  # n3 has no RDMA devices: nothing of the layer runs there
+SYMBOLS_PER_S = 10.0  # n2 mlx5_1/1's symbol errors once they start (600/min; limit 10/min)
+RDMA_CONFIG = """
+[rdma]
+sysfs_root = "{root}"
+devices = ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+link_layer = "InfiniBand"
+
+[checks.ib_errors]
+# the job lasts under a minute: judge the rate over 10 s and 5 errors (default 300 s, 5)
+min_window_s = 10
+min_count = 5
+"""
+
+
+def _tree(cluster: Cluster, node: str) -> Path:
+    return cluster.dir / "nodes" / node / "sys"
+
+
+class SymbolErrors:
+    """Grows n2 mlx5_1/1's ``counters/symbol_error`` in its tree from ``start()`` on, as a
+    marginal cable would (rewritten every 0.5 s until ``stop()``)."""
+
+    def __init__(self, root: Path) -> None:
+        spec = simtree.preset("ndr4")
+        self.spec = simtree.fault(spec, "counter", "mlx5_1", counter="symbol_error",
+                                  per_s=SYMBOLS_PER_S)  # fmt: skip
+        self.root = root
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="symbol-errors")
+
+    def start(self) -> None:
+        self._t0 = time.monotonic()
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            simtree.update_counters(str(self.root), self.spec, time.monotonic() - self._t0)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+
+@pytest.fixture
+def rdma_config(healthy: Cluster) -> Iterator[Cluster]:
+    """The cluster with ``[rdma]`` set and a healthy ndr4 tree on n1 and n2; undone after."""
+    config = healthy.dir / "slurmhealth.toml"
+    good = config.read_text()
+    for node in TREE_NODES:
+        shutil.rmtree(_tree(healthy, node), ignore_errors=True)
+        simtree.write_tree(str(_tree(healthy, node)), simtree.preset("ndr4"))
+    root = healthy.dir / "nodes" / "{node}" / "sys"
+    config.write_text(good + RDMA_CONFIG.format(root=root))
+    try:
+        yield healthy
+    finally:
+        config.write_text(good)
+        healthy.wait_idle()
+        for node in TREE_NODES:
+            shutil.rmtree(_tree(healthy, node), ignore_errors=True)
+
+
+fleet = test_sidecar.fleet  # its exporters and Prometheus, started once [rdma] is set
+
+
+@pytest.fixture
+def rdma_fleet(rdma_config: Cluster, fleet: Fleet) -> Fleet:
+    return fleet
+
+
+def test_symbol_errors_on_n2_reach_prometheus_drain_n2_and_the_report_names_the_hca(
+    rdma_fleet: Fleet,
+) -> None:
+    fleet, cluster = rdma_fleet, rdma_fleet.cluster
+    _wait(lambda: len(fleet.series('up{job="slurmhealth"} == 1')) == 3, 15, "3 targets up")
+    job = cluster.sbatch("-N2", "-w", "n1,n2", "--gres=gpu:8", "-o", "/dev/null",
+                         "--wrap", "sleep 45", wait=False)  # fmt: skip
+    cluster.wait_job(job.job_id, states=frozenset({"RUNNING"}), timeout=60)
+    up = f'slurmhealth_rdma_port_up{{job_id="{job.job_id}"}}'
+    _wait(lambda: len(fleet.series(up)) == 8, 30, "4 RDMA ports per node in Prometheus")
+    ports = [r["metric"] for r in fleet.series(up)]
+    assert sorted((m["node"], m["hca"], m["port"]) for m in ports) == [
+        (n, f"mlx5_{i}", "1") for n in TREE_NODES for i in range(4)
+    ]
+    assert {m["user"] for m in ports} == {"shuser"} and {m["state"] for m in ports} == {
+        "ACTIVE/LinkUp"
+    }
+    received = f'slurmhealth_rdma_port_received_bytes_total{{job_id="{job.job_id}",node="n2"}}'
+    assert len(fleet.series(received)) == 4
+
+    errors = SymbolErrors(_tree(cluster, "n2"))
+    errors.start()
+    try:
+        symbols = (
+            f'slurmhealth_rdma_port_errors_total{{job_id="{job.job_id}",node="n2",'
+            'hca="mlx5_1",port="1",counter="symbol_error"} > 0'
+        )
+        _wait(lambda: fleet.series(symbols), 20, "n2 mlx5_1's symbol errors in Prometheus")
+        event = f'slurmhealth_events_total{{job_id="{job.job_id}",kind="ib_errors"}}'
+        (ev,) = _wait(lambda: fleet.series(event), 40, "the sidecar's ib_errors event")
+        assert ev["metric"]["node"] == "n2" and ev["metric"]["user"] == "shuser"
+        assert "gpu" not in ev["metric"]  # a port's event (gpu=""): Prometheus drops the label
+        done = cluster.wait_job(job.job_id, timeout=90)
+        assert done.state == "COMPLETED", done.record
+        reason = _wait(lambda: cluster.sinfo_reasons().get("n2"), 30, "n2's drain reason")
+    finally:
+        errors.stop()
+    assert reason.startswith("slurmhealth: ib_errors mlx5_1/1"), reason
+    assert "symbol_error" in reason
+    assert "n1" not in cluster.sinfo_reasons()  # its tree stayed healthy
+
+    proc = slurmhealth(cluster, "report", job.job_id, "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    (net,) = [d for d in report["diagnoses"] if d["rule"] == "network_degraded"]
+    assert net["node"] == "n2", net
+    assert "InfiniBand/RoCE port mlx5_1/1" in net["root_cause"], net["root_cause"]
+    assert "GPUs 2,3" in net["root_cause"], net["root_cause"]
+    verdict = report["verdict"]
+    assert verdict.startswith("network degraded on n2: mlx5_1/1 ib_errors"), verdict
+    assert "(GPUs 2,3 behind it)" in verdict, verdict
+    assert report["answer"]["fault_class"] == "system", report["answer"]
+    assert "--exclude=n2" in report["answer"]["user_action"], report["answer"]
+
+
+def test_ib_write_bw_template_stores_each_hcas_bandwidth(
+    healthy: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch-templates/ib-write-bw.sbatch on two nodes, submitted as test_baseline.py submits
+    the other templates, the stand-in ib_write_bw printing a recorded output."""
+    monkeypatch.setenv("IB_WRITE_BW", str(BIN / "ib_write_bw"))
+    monkeypatch.setenv("IB_DEVICES", "mlx5_0 mlx5_1")
+    monkeypatch.setenv("IB_SERVER_WAIT", "1")
+    job_id = _submit(healthy, "ib-write-bw.sbatch", tmp_path, "-N", "2")
+    done = healthy.wait_job(job_id, timeout=90)
+    out = "\n".join(p.read_text() for p in tmp_path.glob(f"*-{job_id}.out"))
+    assert done.state == "COMPLETED", f"{done.record}\n{out}"
+    shown = slurmhealth(healthy, "baseline", "show", "--json")
+    assert shown.returncode == 0, shown.stderr
+    rows = [r for r in json.loads(shown.stdout)["baselines"]
+            if r["metric"] == "ib_write_bw.bw_avg"]  # fmt: skip
+    labels = {r["label"] for r in rows}
+    assert {"ib-write-bw-mlx5_0", "ib-write-bw-mlx5_1"} <= labels, rows
+    assert all(abs(r["value"] - 392.11) < 0.01 and r["unit"] == "Gb/s" for r in rows), rows
