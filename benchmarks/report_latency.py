@@ -18,9 +18,10 @@ into a real Prometheus (kept in --data DIR for the next run); then timed, median
 after a warm-up: PromSource.gpu_stats in process, and the whole process that prints the
 report's JSON from it (Python start, imports, queries, diagnosis, assembly, JSON), with the
 CPU seconds each gpu_stats costs Prometheus and the client. Target: median <= 2 s.
-Measured 2026-12-01 on the 2-core development VM shared with other work (load average
-2.7): gpu_stats median 2.18 s, the report process 3.42 s; per call 2.1 s of Prometheus CPU
-(12 queries that read every sample of their series kind) and 0.8 s of client CPU (20 MB of
+Measured 2026-12-01 on the 2-core development VM shared with other work (load averages
+1.6-2.7; set-up 45 s to generate, 158 s to backfill): gpu_stats median 2.2-2.7 s (fastest
+1.9 s), the report process 2.5-3.4 s (fastest 2.3 s); per call 2.1 s of Prometheus CPU (12
+queries that read every sample of their series kind) and 0.8 s of client CPU (20 MB of
 JSON: 300 plot points for each of 512 GPUs). The local-history mode: 0.21 s (3 nodes x 24 h).
 Not part of the test run.
 """
