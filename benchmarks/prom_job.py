@@ -12,16 +12,19 @@ that move, a PCIe replay counter that grows, GPU 3 of the sixth node thermal-thr
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurmhealth.model import GpuState, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job
+from tests.prometheus_util import get_text
 from tests.support.prom_backfill import backfill, scrape
 
 Values = Callable[[int], Sequence[str]]  # GPU index -> one value string per sample
@@ -112,6 +115,33 @@ def build(
     om.unlink()
     marker.write_text(f"{start} {end}\n")
     return {"start": start, "end": end, "generate_s": t1 - t0, "backfill_s": t2 - t1}
+
+
+def server_cpu(url: str) -> float:
+    """Prometheus' own CPU seconds so far (its ``process_cpu_seconds_total``): what a
+    report costs it, whatever else the machine runs."""
+    for line in get_text(f"{url}/metrics").splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return math.nan
+
+
+def print_figures(r: dict[str, Any]) -> None:
+    print(
+        f"{r['gpus']} GPUs on {r['nodes']} nodes, {r['days']:g} days, one scrape every "
+        f"{r['step_s']:g} s ({r['samples_per_series']} samples per series; generated in "
+        f"{r['generate_s']} s, backfilled in {r['backfill_s']} s); {r['runs']} runs each "
+        f"(target <= 2 s):"
+    )
+    for key, what in (("gpu_stats", "PromSource.gpu_stats"),
+                      ("report_process", "the report process (JSON)")):  # fmt: skip
+        x = r[key]
+        print(f"  {what}: median {x['median_s']} s (min {x['min_s']}, max {x['max_s']})")
+    print(f"  CPU per gpu_stats: Prometheus {r['prometheus_cpu_s']} s, client "
+          f"{r['client_cpu_s']} s (load average {r['load_average']:.1f} on {os.cpu_count()} "
+          f"cores)")  # fmt: skip
+    if r["skipped"]:
+        print(f"  not computed at this size: {', '.join(r['skipped'])}")
 
 
 def report_json(url: str, job: str, start: float, end: float) -> str:

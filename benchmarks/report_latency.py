@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -273,7 +272,7 @@ def _stats(times: list[float]) -> dict[str, float]:
 
 
 def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
-    from benchmarks.prom_job import build
+    from benchmarks.prom_job import build, server_cpu
     from slurmhealth.report.prometheus import PromSource
     from tests.prometheus_util import start_prometheus
 
@@ -286,13 +285,13 @@ def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     try:
         source = PromSource(url, 60.0)
         source.gpu_stats(JOB, job["start"], job["end"])  # warm-up (page cache)
-        in_process, server_cpu, client_cpu = [], [], []
+        in_process, prom_cpu, client_cpu = [], [], []
         for _ in range(args.runs):
-            cpu0, c0, t0 = _server_cpu(url), time.process_time(), time.perf_counter()
+            cpu0, c0, t0 = server_cpu(url), time.process_time(), time.perf_counter()
             stats = source.gpu_stats(JOB, job["start"], job["end"])
             in_process.append(time.perf_counter() - t0)
             client_cpu.append(time.process_time() - c0)
-            server_cpu.append(_server_cpu(url) - cpu0)
+            prom_cpu.append(server_cpu(url) - cpu0)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         cmd = [sys.executable, str(REPO / "benchmarks" / "prom_job.py"), url, JOB,
                repr(job["start"]), repr(job["end"])]  # fmt: skip
@@ -312,40 +311,11 @@ def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         "runs": args.runs,
         "target_s": 2.0,
         "gpu_stats": _stats(in_process),
-        "prometheus_cpu_s": round(statistics.median(server_cpu), 2),
+        "prometheus_cpu_s": round(statistics.median(prom_cpu), 2),
         "client_cpu_s": round(statistics.median(client_cpu), 2),
         "report_process": _stats(process),
         "load_average": os.getloadavg()[0],
     }
-
-
-def _server_cpu(url: str) -> float:
-    """Prometheus' own CPU seconds so far (its ``process_cpu_seconds_total``): what a
-    report costs it, whatever else the machine runs."""
-    from tests.prometheus_util import get_text
-
-    for line in get_text(f"{url}/metrics").splitlines():
-        if line.startswith("process_cpu_seconds_total "):
-            return float(line.split()[1])
-    return math.nan
-
-
-def _print_prometheus(r: dict[str, Any]) -> None:
-    print(
-        f"{r['gpus']} GPUs on {r['nodes']} nodes, {r['days']:g} days, one scrape every "
-        f"{r['step_s']:g} s ({r['samples_per_series']} samples per series; generated in "
-        f"{r['generate_s']} s, backfilled in {r['backfill_s']} s); {r['runs']} runs each "
-        f"(target <= 2 s):"
-    )
-    for key, what in (("gpu_stats", "PromSource.gpu_stats"),
-                      ("report_process", "the report process (JSON)")):  # fmt: skip
-        x = r[key]
-        print(f"  {what}: median {x['median_s']} s (min {x['min_s']}, max {x['max_s']})")
-    print(f"  CPU per gpu_stats: Prometheus {r['prometheus_cpu_s']} s, client "
-          f"{r['client_cpu_s']} s (load average {r['load_average']:.1f} on {os.cpu_count()} "
-          f"cores)")  # fmt: skip
-    if r["skipped"]:
-        print(f"  not computed at this size: {', '.join(r['skipped'])}")
 
 
 def main() -> None:
@@ -362,7 +332,12 @@ def main() -> None:
     if args.prometheus:
         with tempfile.TemporaryDirectory(prefix="slurmhealth-prom-bench-") as tmp:
             r = prometheus_mode(args, Path(args.data or tmp))
-        print(json.dumps(r)) if args.json else _print_prometheus(r)
+        if args.json:
+            print(json.dumps(r))
+        else:
+            from benchmarks.prom_job import print_figures
+
+            print_figures(r)
         return
     with tempfile.TemporaryDirectory(prefix="slurmhealth-report-bench-") as tmp:
         t0 = time.perf_counter()
