@@ -143,7 +143,9 @@ class PromSource:
         raw = series_points > 0 and max(summed["util"].n.values(), default=0) <= series_points
         if raw:
             calls.update(self._raw_calls(w))
-        calls.update(self._delta_calls(w, {k for k in keys if k not in values["nvlink"]}))
+        calls.update(
+            self._delta_calls(w, {n: {k for k in keys if k not in values[n]} for n in _DELTAS})
+        )
         second = self.client.gather(calls, deadline)
         for name in _DELTAS:  # GPUs whose counters did not span the job's first and last minutes
             values[name] = {**per_gpu(second.get(f"{name}_all", []), sum), **values[name]}
@@ -227,17 +229,16 @@ class PromSource:
         mark = f"floor(({util} - {_IDLE!r}) / {_SPAN!r}) != 0"
         return f"changes(({mark})[{w.span}:{sub_ms}ms])"
 
-    def _delta_calls(self, w: _Window, short: set[Key]) -> dict[str, Call]:
-        """The counters' max - min over the whole window, on the nodes of the GPUs whose
-        ends missed a value (lost mid-job, or no counters at all: then nothing to read)."""
-        if not short:
-            return {}
-        nodes = f",node=~{_alternatives(node for node, _ in short)}"
+    def _delta_calls(self, w: _Window, short: Mapping[str, set[Key]]) -> dict[str, Call]:
+        """A counter's max - min over the whole window, on the nodes of the GPUs whose
+        counter missed a value at an end (lost mid-job; none at all: nothing to read)."""
         calls: dict[str, Call] = {}
         for name, (series, extra) in _DELTAS.items():
-            m = f"{w.m(series, extra + nodes)}[{w.span}]"
-            expr = f"max_over_time({m}) - min_over_time({m})"
-            calls[f"{name}_all"] = partial(self.client.query, expr, w.at)
+            if short.get(name):
+                nodes = f",node=~{_alternatives(node for node, _ in short[name])}"
+                m = f"{w.m(series, extra + nodes)}[{w.span}]"
+                expr = f"max_over_time({m}) - min_over_time({m})"
+                calls[f"{name}_all"] = partial(self.client.query, expr, w.at)
         return calls
 
     def _raw_calls(self, w: _Window) -> dict[str, Call]:

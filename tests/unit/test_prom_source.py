@@ -41,7 +41,8 @@ CONFIG = "global:\n  scrape_interval: 10s\n"
 
 def gpu_state(node: str, g: int, i: int) -> GpuState:
     """GPU ``g`` of ``node`` at sample ``i``: each GPU shows another pattern; GPU 1 of n2
-    falls off the bus at sample 300 (NVML answers nothing more about it)."""
+    falls off the bus at sample 300 (NVML answers nothing more about it); GPU 2 of n2 has
+    no NVLink."""
     k = NODES.index(node)
     if (node, g, i >= 300) == ("n2", 1, True):
         return GpuState(index=g, status=GpuStatus.LOST, error="GPU is lost")
@@ -63,7 +64,8 @@ def gpu_state(node: str, g: int, i: int) -> GpuState:
         utilization_gpu_pct=util, utilization_memory_pct=40,
         memory_total_bytes=80 * 2**30, memory_used_bytes=2**30 * (10 + (i + g) % 7),
         clock_event_reasons=reasons, pcie_gen=4 if g == 1 and 100 <= i < 110 else 5,
-        pcie_width=16, pcie_replay_errors=i // 40 + g, nvlinks=links,
+        pcie_width=16, pcie_replay_errors=i // 40 + g,
+        nvlinks=None if (node, g) == ("n2", 2) else links,  # a PCIe card: no NVLink
     )  # fmt: skip
 
 
@@ -145,6 +147,7 @@ def test_the_samples_exercise_every_field(job: Backfilled) -> None:
     assert n1[3].power_mean_w is not None
     assert n2[1].samples == N and n2[1].uuid == "GPU-n2-1"  # lost at 300: still counted
     assert n2[1].util_mean != n1[1].util_mean  # ...over the samples it answered
+    assert n2[2].nvlink_active_min is None and n2[2].nvlink_errors_delta == 0
 
 
 def test_plot_series_follow_the_histories(job: Backfilled) -> None:
