@@ -1,6 +1,9 @@
-"""Whole-process wall time of `slurmhealth report JOBID --json` on a day-long 3-node job.
+"""Whole-process wall time of `slurmhealth report JOBID --json` on a day-long 3-node job,
+or (--prometheus) on a 64-node x 8-GPU week-long job known only to Prometheus.
 
 Usage: python benchmarks/report_latency.py [--runs 7] [--hours 24] [--json] [--profile]
+       python benchmarks/report_latency.py --prometheus [--runs 7] [--days 7] [--step 60]
+                                           [--data DIR]
 Writes a synthetic history with the real History/Batch into a temp dir (3 nodes x 8 GPUs,
 10 s samples: 207,360 rows for 24 h, node dbs via a `{node}` db path), plus a few hundred
 events, findings and check runs, and older jobs for the past-incident search. Then times
@@ -8,6 +11,18 @@ the command: the median of --runs runs after a warm-up. Target: median <= 1 s.
 Measured twice: aggregated from the histories, then with each node's summary.json as the
 epilog leaves it (the report uses a summary whose row counts match the history's).
 --profile adds the top functions of one in-process build (history case) under cProfile.
+--prometheus: the job's series as the nodes' exporters serve them (benchmarks/prom_job.py),
+one scrape every --step s (default 60: at the sidecar's 10 s a week of 512 GPUs is ~540
+million samples, hours to backfill; 60 s is ~90 million, minutes), backfilled with promtool
+into a real Prometheus (kept in --data DIR for the next run); then timed, median of --runs
+after a warm-up: PromSource.gpu_stats in process, and the whole process that prints the
+report's JSON from it (Python start, imports, queries, diagnosis, assembly, JSON), with the
+CPU seconds each gpu_stats costs Prometheus and the client. Target: median <= 2 s.
+Measured 2026-12-01 on the 2-core development VM shared with other work (load averages
+1.6-2.7; set-up 45 s to generate, 158 s to backfill): gpu_stats median 2.2-2.7 s (fastest
+1.9 s), the report process 2.5-3.4 s (fastest 2.3 s); per call 2.1 s of Prometheus CPU (12
+queries that read every sample of their series kind) and 0.8 s of client CPU (20 MB of
+JSON: 300 plot points for each of 512 GPUs). The local-history mode: 0.21 s (3 nodes x 24 h).
 Not part of the test run.
 """
 
@@ -248,13 +263,82 @@ def _profile(cfg: Path, n: int = 15) -> str:
     return buf.getvalue()
 
 
+def _stats(times: list[float]) -> dict[str, float]:
+    return {
+        "median_s": round(statistics.median(times), 3),
+        "min_s": round(min(times), 3),
+        "max_s": round(max(times), 3),
+    }
+
+
+def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
+    from benchmarks.prom_job import build, server_cpu
+    from slurmhealth.report.prometheus import PromSource
+    from tests.prometheus_util import start_prometheus
+
+    nodes, gpus = 64, 8
+    job = build(data, JOB, nodes, gpus, args.days, args.step)
+    url, stop = start_prometheus(
+        data, f"global:\n  scrape_interval: {args.step:g}s\n",
+        extra_args=("--storage.tsdb.retention.time=3650d",),
+    )  # fmt: skip
+    try:
+        source = PromSource(url, 60.0)
+        source.gpu_stats(JOB, job["start"], job["end"])  # warm-up (page cache)
+        in_process, prom_cpu, client_cpu = [], [], []
+        for _ in range(args.runs):
+            cpu0, c0, t0 = server_cpu(url), time.process_time(), time.perf_counter()
+            stats = source.gpu_stats(JOB, job["start"], job["end"])
+            in_process.append(time.perf_counter() - t0)
+            client_cpu.append(time.process_time() - c0)
+            prom_cpu.append(server_cpu(url) - cpu0)
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, str(REPO / "benchmarks" / "prom_job.py"), url, JOB,
+               repr(job["start"]), repr(job["end"])]  # fmt: skip
+        process = _time(cmd, env, args.runs)
+    finally:
+        stop()
+    return {
+        "nodes": nodes,
+        "gpus": nodes * gpus,
+        "days": args.days,
+        "step_s": args.step,
+        "samples_per_series": int(args.days * 86400 / args.step),
+        "found_gpus": sum(len(g) for g in stats.values()),
+        "skipped": list(source.skipped),
+        "generate_s": round(job["generate_s"], 1),
+        "backfill_s": round(job["backfill_s"], 1),
+        "runs": args.runs,
+        "target_s": 2.0,
+        "gpu_stats": _stats(in_process),
+        "prometheus_cpu_s": round(statistics.median(prom_cpu), 2),
+        "client_cpu_s": round(statistics.median(client_cpu), 2),
+        "report_process": _stats(process),
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--hours", type=float, default=24.0)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--prometheus", action="store_true")
+    ap.add_argument("--days", type=float, default=7.0)
+    ap.add_argument("--step", type=float, default=60.0)
+    ap.add_argument("--data", help="--prometheus: keep the backfilled Prometheus here")
     args = ap.parse_args()
+    if args.prometheus:
+        with tempfile.TemporaryDirectory(prefix="slurmhealth-prom-bench-") as tmp:
+            r = prometheus_mode(args, Path(args.data or tmp))
+        if args.json:
+            print(json.dumps(r))
+        else:
+            from benchmarks.prom_job import print_figures
+
+            print_figures(r)
+        return
     with tempfile.TemporaryDirectory(prefix="slurmhealth-report-bench-") as tmp:
         t0 = time.perf_counter()
         cfg = build_history(Path(tmp), args.hours)
@@ -273,12 +357,7 @@ def main() -> None:
         for case in ("history", "summaries"):
             if case == "summaries":
                 write_summaries(Path(tmp))
-            times = _time(cmd, env, args.runs)
-            result[case] = {
-                "median_s": round(statistics.median(times), 3),
-                "min_s": round(min(times), 3),
-                "max_s": round(max(times), 3),
-            }
+            result[case] = _stats(_time(cmd, env, args.runs))
         if args.json:
             print(json.dumps(result))
         else:

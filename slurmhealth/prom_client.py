@@ -27,7 +27,7 @@ Matrix = list[tuple[Labels, list[tuple[float, float]]]]
 """A range query's answer: one (labels, [(ts, value), ...]) per series."""
 
 MAX_ANSWER_BYTES = 256 * 1024 * 1024  # one answer at most (a 64-node job's plots: ~20 MB)
-MAX_PARALLEL = 8  # queries in flight at once (Prometheus runs 20 by default)
+MAX_PARALLEL = 4  # queries in flight at once (Prometheus runs 20; each takes a core)
 Opener = Callable[..., Any]
 Call = Callable[..., Any]  # one request, called with timeout_s= the seconds left
 
@@ -51,18 +51,18 @@ class PromClient:
         data = self._call("query", {"query": expr, "time": _ts(at)}, timeout_s)
         if data.get("resultType") == "scalar":
             return [({}, _value(data.get("result")))]
-        return [(_labels(r), _value(r.get("value"))) for r in _result(data, "vector")]
+        return [(_labels(r), _value(r.get("value"))) for r in self._result(data, "vector")]
 
     def query_range(
         self, expr: str, start: float, end: float, step: float, *, timeout_s: float | None = None
     ) -> Matrix:
         """``expr`` at every ``step`` seconds from ``start`` to ``end``."""
         params = {"query": expr, "start": _ts(start), "end": _ts(end), "step": _ts(step)}
-        return _matrix(self._call("query_range", params, timeout_s))
+        return self._matrix(self._call("query_range", params, timeout_s))
 
     def query_samples(self, expr: str, at: float, *, timeout_s: float | None = None) -> Matrix:
         """The raw samples a range selector (``metric{...}[5m]``) holds at ``at``."""
-        return _matrix(self._call("query", {"query": expr, "time": _ts(at)}, timeout_s))
+        return self._matrix(self._call("query", {"query": expr, "time": _ts(at)}, timeout_s))
 
     def gather(self, calls: Mapping[str, Call], deadline: float | None = None) -> dict[str, Any]:
         """Run each named call (given the seconds left) :data:`MAX_PARALLEL` at a time, all
@@ -92,6 +92,22 @@ class PromClient:
         if left <= 0:
             raise self._error(f"no answer within {self.timeout_s:g} s")
         return call(timeout_s=left)
+
+    def _result(self, data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+        result = data.get("result")
+        if data.get("resultType") != kind or not isinstance(result, list):
+            raise self._error(f"expected a {kind}, got {data.get('resultType')!r}")
+        return [r for r in result if isinstance(r, dict)]
+
+    def _matrix(self, data: dict[str, Any]) -> Matrix:
+        out = []
+        for r in self._result(data, "matrix"):
+            try:  # the hot loop of a big answer: no call per point ("NaN" parses as NaN)
+                points = [(float(ts), float(v)) for ts, v in r.get("values") or ()]
+            except (TypeError, ValueError, IndexError, KeyError):
+                raise self._error("a series' samples are no [time, value] pairs") from None
+            out.append((_labels(r), points))
+        return out
 
     def _error(self, problem: str) -> PrometheusError:
         return PrometheusError(f"prometheus {self.url}: {problem}")
@@ -151,20 +167,6 @@ def _ts(seconds: float) -> str:
     if not math.isfinite(seconds):
         raise PrometheusError(f"prometheus: time {seconds!r} is not a finite number")
     return f"{seconds:.3f}"
-
-
-def _result(data: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    result = data.get("result")
-    if data.get("resultType") != kind or not isinstance(result, list):
-        raise PrometheusError(f"prometheus: expected a {kind}, got {data.get('resultType')!r}")
-    return [r for r in result if isinstance(r, dict)]
-
-
-def _matrix(data: dict[str, Any]) -> Matrix:
-    return [
-        (_labels(r), [(float(p[0]), _value(p)) for p in r.get("values") or () if p])
-        for r in _result(data, "matrix")
-    ]
 
 
 def _labels(r: dict[str, Any]) -> Labels:

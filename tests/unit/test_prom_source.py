@@ -25,7 +25,7 @@ from slurmhealth.errors import PrometheusError, UsageError
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
 from slurmhealth.history.rows import sample_rows
-from slurmhealth.model import GpuState, NodeSnapshot, NvLink
+from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.report import prometheus
 from slurmhealth.report.collect import node_facts
@@ -40,8 +40,12 @@ CONFIG = "global:\n  scrape_interval: 10s\n"
 
 
 def gpu_state(node: str, g: int, i: int) -> GpuState:
-    """GPU ``g`` of ``node`` at sample ``i``: each GPU shows another pattern."""
+    """GPU ``g`` of ``node`` at sample ``i``: each GPU shows another pattern; GPU 1 of n2
+    falls off the bus at sample 300 (NVML answers nothing more about it); GPU 2 of n2 has
+    no NVLink."""
     k = NODES.index(node)
+    if (node, g, i >= 300) == ("n2", 1, True):
+        return GpuState(index=g, status=GpuStatus.LOST, error="GPU is lost")
     util = (95 if (i // 7) % 2 else 5) if g == 0 else (i * 37 + 11 * g + k) % 101
     reasons = 0x1 if i % 5 == 0 else 0  # gpu_idle: a clock event, never throttle time
     if g == 2 and i % 9 == 0:
@@ -60,7 +64,8 @@ def gpu_state(node: str, g: int, i: int) -> GpuState:
         utilization_gpu_pct=util, utilization_memory_pct=40,
         memory_total_bytes=80 * 2**30, memory_used_bytes=2**30 * (10 + (i + g) % 7),
         clock_event_reasons=reasons, pcie_gen=4 if g == 1 and 100 <= i < 110 else 5,
-        pcie_width=16, pcie_replay_errors=i // 40 + g, nvlinks=links,
+        pcie_width=16, pcie_replay_errors=i // 40 + g,
+        nvlinks=None if (node, g) == ("n2", 2) else links,  # a PCIe card: no NVLink
     )  # fmt: skip
 
 
@@ -113,8 +118,9 @@ def close(a: object, b: object) -> bool:
 
 
 def test_per_gpu_stats_equal_the_histories_within_one_percent(job: Backfilled) -> None:
-    got = PromSource(job.url, 30).gpu_stats(JOB, job.start, job.end)
-    assert sorted(got) == list(NODES)
+    source = PromSource(job.url, 30)
+    got = source.gpu_stats(JOB, job.start, job.end)
+    assert sorted(got) == list(NODES) and source.skipped == ()
     compared = [f.name for f in fields(GpuStats)
                 if f.name not in ("series", "nvlink_active_min", "mem_total_bytes")]  # fmt: skip
     for node in NODES:
@@ -124,7 +130,8 @@ def test_per_gpu_stats_equal_the_histories_within_one_percent(job: Backfilled) -
             diff = {f: (getattr(p, f), getattr(h, f)) for f in compared
                     if not close(getattr(p, f), getattr(h, f))}  # fmt: skip
             assert not diff, f"{node} GPU {h.gpu}: (prometheus, history) {diff}"
-            assert p.mem_total_bytes == 80 * 2**30  # Prometheus knows the framebuffer
+            lost = (node, p.gpu) == ("n2", 1)  # framebuffer: read in the job's last minutes
+            assert p.mem_total_bytes == (None if lost else 80 * 2**30)
             assert p.nvlink_active_min is None  # it holds the links down, not the links
 
 
@@ -138,6 +145,9 @@ def test_the_samples_exercise_every_field(job: Backfilled) -> None:
     assert n1[0].util_p5 == 5 and 0 < n1[1].util_p5 < n1[1].util_mean
     assert n1[3].pcie_replays_delta == 9 and n2[3].power_mean_w is None
     assert n1[3].power_mean_w is not None
+    assert n2[1].samples == N and n2[1].uuid == "GPU-n2-1"  # lost at 300: still counted
+    assert n2[1].util_mean != n1[1].util_mean  # ...over the samples it answered
+    assert n2[2].nvlink_active_min is None and n2[2].nvlink_errors_delta == 0
 
 
 def test_plot_series_follow_the_histories(job: Backfilled) -> None:

@@ -1,0 +1,172 @@
+"""A long many-node job in a real Prometheus, for ``report_latency.py --prometheus``.
+
+The series are the exporter's own: one scrape per node is rendered by the real
+``SidecarCollector`` and each of its lines becomes a template (name and labels as Prometheus
+stores them); the generator then writes every sample of every series with its time
+(OpenMetrics, series after series: a week of 512 GPUs is ~90 million lines, so each value
+is a precomputed string and each series one ``join``), and promtool backfills the file.
+A healthy training job: utilisation ~97 % with a checkpoint dip a day, power and temperature
+that move, a PCIe replay counter that grows, GPU 3 of the sixth node thermal-throttled
+6 samples in every 720.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from slurmhealth.model import GpuState, NodeSnapshot, NvLink
+from slurmhealth.model_records import ExportState, Job
+from tests.prometheus_util import get_text
+from tests.support.prom_backfill import backfill, scrape
+
+Values = Callable[[int], Sequence[str]]  # GPU index -> one value string per sample
+
+
+def _template(job: str, node: str, gpus: int, throttled: int | None) -> list[str]:
+    """The exposition lines of one scrape of the node (values are placeholders; GPU
+    ``throttled`` shows HW thermal slowdown)."""
+    links = tuple(NvLink(n, True, replay_errors=0, recovery_errors=0, crc_flit_errors=0,
+                         crc_data_errors=0) for n in range(18))  # fmt: skip
+    states = tuple(
+        GpuState(index=g, uuid=f"GPU-{node}-{g:02d}-0000-0000-000000000000",
+                 name="NVIDIA H100 80GB HBM3", temperature_c=60, margin_temperature_c=25,
+                 power_w=600.0, utilization_gpu_pct=97, memory_total_bytes=80 * 2**30,
+                 memory_used_bytes=70 * 2**30, clock_event_reasons=0x40 if g == throttled else 0,
+                 pcie_gen=5,
+                 pcie_width=16, pcie_replay_errors=0, nvlinks=links)
+        for g in range(gpus)
+    )  # fmt: skip
+    state = ExportState(Job(job_id=job, node=node, user="bench", priority=1),
+                        NodeSnapshot(node, 0.0, states), samples_total=1)  # fmt: skip
+    return [line for line in scrape(state).splitlines() if line and line[0] != "#"]
+
+
+def _series_values(n: int) -> dict[str, Values]:
+    """Metric name -> the value strings of GPU g's samples (constant series: one string)."""
+
+    def per_gpu(f: Callable[[int, int], float], fmt: str = "{:g}") -> Values:
+        cache = {g: [fmt.format(f(g, i)) for i in range(n)] for g in range(8)}
+        return lambda g: cache[g % 8]
+
+    util = per_gpu(lambda g, i: 0.02 if (i + 97 * g) % 1440 < 10 else 0.95 + (i * 7 + g) % 5 / 100)
+    return {
+        "slurmhealth_gpu_utilization_ratio": util,
+        "slurmhealth_gpu_power_watts": per_gpu(lambda g, i: 600 + (i * 7 + g) % 50 + 0.5),
+        "slurmhealth_gpu_temperature_celsius": per_gpu(lambda g, i: 60 + (i + g) % 10),
+        "slurmhealth_gpu_thermal_margin_celsius": per_gpu(lambda g, i: 25 - (i + g) % 10),
+        "slurmhealth_gpu_pcie_replay_errors_total": per_gpu(lambda g, i: i // 2000),
+        "slurmhealth_sidecar_samples_total": lambda g: [str(i + 1) for i in range(n)],
+    }
+
+
+def write_job(path: Path, job: str, nodes: int, gpus: int, samples: int, step: float,
+              end: float) -> float:  # fmt: skip
+    """The OpenMetrics file of the job's ``samples`` scrapes ``step`` s apart, the last at
+    ``end``; returns the first scrape's time."""
+    start = end - (samples - 1) * step
+    stamps = [f" {start + i * step:.0f}\n" for i in range(samples)]
+    values = _series_values(samples)
+    hot = [i for i in range(samples) if i % 720 < 6]  # the throttled GPU's moments
+    with path.open("w") as out:
+        for k in range(nodes):
+            node = f"n{k + 1:03d}"
+            for line in _template(job, node, gpus, 3 if k == 5 else None):
+                head, const = line.rsplit(" ", 1)
+                name = head.split("{", 1)[0]
+                if name == "slurmhealth_gpu_clock_event_active":  # a series only while it holds
+                    out.write("".join(f"{head} {const}{stamps[i]}" for i in hot))
+                    continue
+                gpu = int(head.split('gpu="', 1)[1].split('"', 1)[0]) if 'gpu="' in head else 0
+                if name in values:
+                    vs = values[name](gpu)
+                    out.write("".join([f"{head} {v}{t}" for v, t in zip(vs, stamps, strict=True)]))
+                else:
+                    out.write(f"{head} {const}".join(["", *stamps]))
+        out.write("# EOF\n")
+    return start
+
+
+def build(
+    data_dir: Path, job: str, nodes: int, gpus: int, days: float, step: float
+) -> dict[str, float]:
+    """Backfill the job (ending an hour ago, within Prometheus' retention) into
+    ``data_dir``/tsdb unless it holds it already; returns the job's window and set-up times."""
+    marker = data_dir / "job.txt"
+    if marker.exists():
+        start, end = map(float, marker.read_text().split())
+        return {"start": start, "end": end, "generate_s": 0.0, "backfill_s": 0.0}
+    data_dir.mkdir(parents=True, exist_ok=True)
+    samples = int(days * 86400 / step)
+    end = float(int(time.time() - 3600) // 60 * 60)
+    t0 = time.perf_counter()
+    om = data_dir / "job.om"
+    start = write_job(om, job, nodes, gpus, samples, step, end)
+    t1 = time.perf_counter()
+    backfill(om, data_dir / "tsdb")
+    t2 = time.perf_counter()
+    om.unlink()
+    marker.write_text(f"{start} {end}\n")
+    return {"start": start, "end": end, "generate_s": t1 - t0, "backfill_s": t2 - t1}
+
+
+def server_cpu(url: str) -> float:
+    """Prometheus' own CPU seconds so far (its ``process_cpu_seconds_total``): what a
+    report costs it, whatever else the machine runs."""
+    for line in get_text(f"{url}/metrics").splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    return math.nan
+
+
+def print_figures(r: dict[str, Any]) -> None:
+    print(
+        f"{r['gpus']} GPUs on {r['nodes']} nodes, {r['days']:g} days, one scrape every "
+        f"{r['step_s']:g} s ({r['samples_per_series']} samples per series; generated in "
+        f"{r['generate_s']} s, backfilled in {r['backfill_s']} s); {r['runs']} runs each "
+        f"(target <= 2 s):"
+    )
+    for key, what in (("gpu_stats", "PromSource.gpu_stats"),
+                      ("report_process", "the report process (JSON)")):  # fmt: skip
+        x = r[key]
+        print(f"  {what}: median {x['median_s']} s (min {x['min_s']}, max {x['max_s']})")
+    print(f"  CPU per gpu_stats: Prometheus {r['prometheus_cpu_s']} s, client "
+          f"{r['client_cpu_s']} s (load average {r['load_average']:.1f} on {os.cpu_count()} "
+          f"cores)")  # fmt: skip
+    if r["skipped"]:
+        print(f"  not computed at this size: {', '.join(r['skipped'])}")
+
+
+def report_json(url: str, job: str, start: float, end: float) -> str:
+    """What ``slurmhealth report JOB --json`` prints when Prometheus is its only source of
+    per-GPU stats: the job's facts from ``PromSource``, diagnosed and assembled by the
+    report's own code (the accounting side, sacct/AdminComment, adds the job's rows)."""
+    import json
+
+    from slurmhealth.config import load_config
+    from slurmhealth.diagnose.engine import diagnose
+    from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+    from slurmhealth.report import build
+    from slurmhealth.report.prometheus import PromSource
+    from slurmhealth.report.render import to_json
+
+    stats = PromSource(url, 60.0).gpu_stats(job, start, end)
+    facts = Facts(
+        JobFacts(job_id=job, nodes=tuple(stats), start_ts=start, end_ts=end, state="completed"),
+        tuple(NodeFacts(node=node, gpus=gpus) for node, gpus in stats.items()),
+    )
+    read_from = build._Read((), (), (), ())
+    report = build._assemble(load_config(os.devnull, env={}), job, facts, diagnose(facts),
+                             read_from, None, None)  # fmt: skip
+    return json.dumps(to_json(report))
+
+
+if __name__ == "__main__":  # python benchmarks/prom_job.py URL JOB START END
+    print(report_json(sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])))
