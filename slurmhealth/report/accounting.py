@@ -12,6 +12,7 @@ fatal, unless there is no record of the job at all.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -146,7 +147,7 @@ def read_details(
         read.failed["prometheus"] = "the job has no start time"
         return
     try:
-        read.gpus = stats(job.job_id, start, end or start)
+        read.gpus = stats(job.job_id, start, end or time.time())  # running: until now
         read.used.append(("prometheus", url))
     except Exception as exc:  # any failure of an optional source: named, not fatal
-        read.failed["prometheus"] = f"{url}: {exc}"
+        read.failed["prometheus"] = str(exc)  # it names the URL already
