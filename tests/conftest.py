@@ -33,8 +33,9 @@ def _history_migrates_again() -> Iterator[None]:
 
 @pytest.fixture
 def sim_env(tmp_path: Path) -> Callable[..., dict[str, str]]:
-    """Environment for a `slurmhealth` process on a simulated node with its own history."""
-    (tmp_path / "config.toml").write_text("")
+    """Environment for a `slurmhealth` process on a simulated node with its own history
+    (and never this machine's Slurm accounting: a report reads this node's jobs only)."""
+    (tmp_path / "config.toml").write_text("[report]\naccounting = false\n")
 
     def make(scenario: str | Path = "healthy", **extra: str) -> dict[str, str]:
         path = Path(scenario)

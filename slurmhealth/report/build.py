@@ -114,7 +114,9 @@ def build_report(
     try:
         where, private = _searched(cfg, job_id, dbs)
         if job is None and not summaries and not any(d.nodes for d in dbs):
-            acct = accounting.read_accounting(job_id) if accounting.enabled(cfg) else None
+            # a history that cannot be read is an error to name, not a reason to look elsewhere
+            asked = accounting.enabled(cfg) and not unreadable
+            acct = accounting.read_accounting(job_id) if asked else None
             if acct is None:
                 raise _not_found(cfg, job_id, where, private, unreadable, requester_uid, rights)
             ask = _Ask(window_s, requester_uid, rights, now)

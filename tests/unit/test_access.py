@@ -116,6 +116,7 @@ def site(user: str, admin_group: str) -> Iterator[Path]:
     (top / "system.toml").write_text(f'[evidence]\nadmin_group = "{admin_group}"\n')
     db, evidence = top / "lib" / "history" / "history.db", top / "lib" / "evidence"
     paths = f'[node]\nname = "n1"\n[paths]\ndb = "{db}"\nevidence_dir = "{evidence}"\n'
+    paths += "[report]\naccounting = false\n"  # this folder's jobs only, not the machine's slurmdbd
     (top / "root.toml").write_text(paths)
     owner = pwd.getpwnam(user)
     with History(db) as h:

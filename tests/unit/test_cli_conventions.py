@@ -89,8 +89,8 @@ def test_every_command_that_prints_has_json() -> None:
     exporter, where there is one, prints Prometheus' own format)."""
     without = {path for path, cmd in _commands(cli)
                if not any("--json" in getattr(p, "opts", ()) for p in cmd.params)}  # fmt: skip
-    assert {"prolog", "epilog", "sidecar"} <= without <= {"prolog", "epilog", "sidecar",
-                                                         "exporter"}  # fmt: skip
+    hooks = {"prolog", "epilog", "ctld-epilog", "sidecar"}
+    assert hooks <= without <= {*hooks, "exporter"}
 
 
 def _write_history(db: Path) -> None:
