@@ -7,7 +7,8 @@ Names follow dcgm-exporter's semantics under the ``slurmhealth_`` prefix with ba
 The cardinality budget (docs/metrics.md): per-GPU series carry only :data:`GPU_LABELS`; the
 job's other facts (account, partition, QOS, name, GPUs and their model) are on one
 ``slurmhealth_job_info`` series to join with ``group_left``.
-NVLinks are summed per GPU (errors by counter, links down) unless ``per_link_nvlink``.
+NVLinks are summed per GPU (errors by counter, links down) unless ``per_link_nvlink``; an
+RDMA port's error counters are summed (``counter="all"``) unless ``per_counter_rdma``.
 In ``mode="dcgm"`` dcgm-exporter owns the GPU counters: only health, Xids, events, job and
 task series are built here.
 
@@ -235,7 +236,8 @@ class SidecarCollector(Collector):
     """A custom collector: every scrape rebuilds all families from ``get_state()``.
 
     ``mode`` "slurmhealth" exports the GPU counters, "dcgm" leaves them to dcgm-exporter;
-    ``per_link_nvlink`` adds one series per NVLink (18 per H100) and counter.
+    ``per_link_nvlink`` adds one series per NVLink (18 per H100) and counter;
+    ``per_counter_rdma`` splits an RDMA port's error series by counter (8 instead of 1).
     """
 
     def __init__(
@@ -244,12 +246,13 @@ class SidecarCollector(Collector):
         *,
         mode: str = "slurmhealth",
         per_link_nvlink: bool = False,
+        per_counter_rdma: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"metrics mode must be one of {', '.join(MODES)}, got {mode!r}")
         self._get_state = get_state
         self._full = mode == "slurmhealth"
-        self._per_link = per_link_nvlink
+        self._per_link, self._per_counter_rdma = per_link_nvlink, per_counter_rdma
         # uuid/model of each GPU index as last seen, so xid series keep their labels even
         # when the GPU is lost and NVML no longer reports its UUID.
         self._ident: dict[int, tuple[str, str]] = {}
@@ -301,7 +304,7 @@ class SidecarCollector(Collector):
         samples.add_metric(job, state.samples_total)
         yield samples
         yield from _task_families(state, job)
-        yield from _rdma_families(state, job)
+        yield from _rdma_families(state, job, self._per_counter_rdma)
 
 
 def _task_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]:
@@ -326,7 +329,8 @@ _RDMA_HELP = {
     "rate": "The port's data rate, active width x lane speed, in bytes per second (ibstat "
     "Rate in Gb/s x 1e9 / 8).",
     "errors": "RDMA port error counters (perfquery, /sys/class/infiniband/*/ports/*/counters: "
-    "symbol_error, link_downed, port_rcv_errors, ...).",
+    'symbol_error, link_downed, port_rcv_errors, ...): counter="all" is their sum, or one '
+    "series per counter with [metrics] per_counter_rdma, never both.",
     "rx": "Bytes the port received (counters/port_rcv_data x 4: the counter is in 4-byte words).",
     "tx": "Bytes the port sent (counters/port_xmit_data x 4: the counter is in 4-byte words).",
 }
@@ -335,11 +339,13 @@ RDMA_ERROR_COUNTERS = (
     "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
     "excessive_buffer_overrun_errors",
 )  # fmt: skip
-"""The error counters exported per port (bounded: 8 series per port)."""
+"""The error counters exported per port: their sum (one series), or each (8 series)."""
 
 
-def _rdma_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]:
-    """Per judged RDMA port of the node (not per GPU): state, rate, errors, bytes."""
+def _rdma_families(state: ExportState, job: tuple[str, ...], per_counter: bool) -> Iterator[Metric]:
+    """Per judged RDMA port of the node (not per GPU): state, rate, errors, bytes. The
+    errors are one ``counter="all"`` series (the sum of the counters the port reports), or
+    one per counter when ``per_counter``: never both, so ``sum by (hca, port)`` holds."""
     if state.rdma is None:
         return
     up = _gauge("rdma_port_up", _RDMA_HELP["up"], (*RDMA_LABELS, "state"))
@@ -354,9 +360,11 @@ def _rdma_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]
             up.add_metric((*lv, text), 1.0 if p.active and p.link_up is not False else 0.0)
         if p.rate is not None:
             rate.add_metric(lv, p.rate.gbps * 1e9 / 8)
-        for name in RDMA_ERROR_COUNTERS:
-            if (n := p.counters.get(name)) is not None:
-                errors.add_metric((*lv, name), n)
+        known = {c: n for c in RDMA_ERROR_COUNTERS if (n := p.counters.get(c)) is not None}
+        if known and not per_counter:
+            known = {"all": sum(known.values())}
+        for name, n in known.items():
+            errors.add_metric((*lv, name), n)
         sent, received = p.data_bytes()
         if received is not None:
             rx.add_metric(lv, received)

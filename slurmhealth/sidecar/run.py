@@ -83,9 +83,9 @@ class Sidecar:
         from slurmhealth.metrics import SidecarCollector
 
         mc = cfg.metrics
-        self._collector = SidecarCollector(
-            self.state, mode=mc.mode, per_link_nvlink=mc.per_link_nvlink
-        )
+        self._collector = SidecarCollector(self.state, mode=mc.mode,
+                                           per_link_nvlink=mc.per_link_nvlink,
+                                           per_counter_rdma=mc.per_counter_rdma)  # fmt: skip
 
     # -- export ----------------------------------------------------------------------
     def state(self) -> ExportState:

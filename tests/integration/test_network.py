@@ -123,8 +123,8 @@ def test_symbol_errors_on_n2_reach_prometheus_drain_n2_and_the_report_names_the_
     try:
         symbols = (
             f'slurmhealth_rdma_port_errors_total{{job_id="{job.job_id}",node="n2",'
-            'hca="mlx5_1",port="1",counter="symbol_error"} > 0'
-        )
+            'hca="mlx5_1",port="1",counter="all"} > 0'
+        )  # the default: the port's counters summed (per_counter_rdma splits them)
         _wait(lambda: fleet.series(symbols), 20, "n2 mlx5_1's symbol errors in Prometheus")
         event = f'slurmhealth_events_total{{job_id="{job.job_id}",kind="ib_errors"}}'
         (ev,) = _wait(lambda: fleet.series(event), 40, "the sidecar's ib_errors event")

@@ -11,9 +11,17 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from slurmhealth.metrics import GPU_LABELS, INFO_LABELS, JOB_LABELS, SidecarCollector, render
+from slurmhealth.metrics import (
+    GPU_LABELS,
+    INFO_LABELS,
+    JOB_LABELS,
+    RDMA_ERROR_COUNTERS,
+    SidecarCollector,
+    render,
+)
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job, TaskStats
+from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
 from tests.prometheus_util import promtool
 
 GIB = 1024**3
@@ -230,23 +238,45 @@ def series_per_gpu(reg: CollectorRegistry, gpus: int = 8) -> float:
     return sum(len(fam.samples) for fam in reg.collect()) / gpus
 
 
+def hcas(indices: range) -> RdmaSnapshot:
+    """One NDR HCA per GPU index (an H100 node's compute fabric), all 8 error counters read."""
+    counters = {c: 0 for c in RDMA_ERROR_COUNTERS} | {"port_xmit_data": 1, "port_rcv_data": 1}
+    return RdmaSnapshot(1.7e9, tuple(
+        Hca(f"mlx5_{i}", (IbPort(f"mlx5_{i}", 1, 4, "ACTIVE", 5, "LinkUp", Rate(400.0, 4, "NDR"),
+                                 "InfiniBand", counters),))
+        for i in indices
+    ))  # fmt: skip
+
+
 def test_cardinality_budget_default_mode_at_most_40_series_per_gpu() -> None:
+    """With an HCA per GPU, as on an 8x H100 node: 5 RDMA series per GPU by default."""
     task = TaskStats(1000, 0.42, 1024.0, 4.2e6, 0.41, 0.12, 0.01, 1_700_000_000.5)
-    default = series_per_gpu(registry_for(state(task=task)))
-    per_link = series_per_gpu(registry_for(state(task=task), per_link_nvlink=True))
+    full = state(task=task, rdma=hcas(range(8)))
+    default = series_per_gpu(registry_for(full))
+    per_link = series_per_gpu(registry_for(full, per_link_nvlink=True))
+    per_counter = series_per_gpu(registry_for(full, per_counter_rdma=True))
     assert default <= 40, default
     assert per_link >= default + 18 * 5  # up + 4 counters per link, 18 links per GPU
-    text = render(registry_for(state(task=task)))
+    assert per_counter == default + 8 - 1  # 8 error series a port instead of their sum
+    text = render(registry_for(full))
     assert len(text) / 8 < 8_000  # bytes per GPU and scrape, HELP/TYPE lines included
     # 8 single-GPU jobs, each reporting task metrics: the job-level series add up
+    assert series_per_gpu(single_gpu_jobs(task, with_hcas=False)) <= 40
+    # each with the HCA behind its GPU: 5 more per GPU, over the budget (docs/metrics.md)
+    with_hcas = series_per_gpu(single_gpu_jobs(task, with_hcas=True))
+    assert with_hcas == series_per_gpu(single_gpu_jobs(task, with_hcas=False)) + 5
+
+
+def single_gpu_jobs(task: TaskStats, with_hcas: bool) -> CollectorRegistry:
     snap = state().snapshot
     assert snap is not None
     eight = CollectorRegistry()
     for g in snap.gpus:
         one = state(labels=dataclasses.replace(LABELS, job_id=f"9{g.index}"), task=task,
-                    snapshot=dataclasses.replace(snap, gpus=(g,)))  # fmt: skip
+                    snapshot=dataclasses.replace(snap, gpus=(g,)),
+                    rdma=hcas(range(g.index, g.index + 1)) if with_hcas else None)  # fmt: skip
         eight.register(SidecarCollector(lambda one=one: one))  # type: ignore[misc]
-    assert series_per_gpu(eight) <= 40
+    return eight
 
 
 def test_dcgm_mode_exports_no_gpu_counters_of_its_own() -> None:

@@ -1,6 +1,7 @@
 """The sidecar's RDMA watch over a generated sysfs tree: the job's per-port series (state,
-errors, bytes in bytes, not 4-byte words) and the ``ib_errors`` event, judged with the same
-``[checks.ib_errors]`` thresholds and ``[checks] disabled`` list as the prolog."""
+errors summed or per counter, bytes in bytes, not 4-byte words) and the ``ib_errors`` event,
+judged with the same ``[checks.ib_errors]`` thresholds and ``[checks] disabled`` list as the
+prolog."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from slurmhealth.config import Config, load_config
-from slurmhealth.metrics import SidecarCollector
+from slurmhealth.metrics import RDMA_ERROR_COUNTERS, SidecarCollector
 from slurmhealth.model import Severity
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.rdma import simtree
@@ -94,15 +95,19 @@ def test_no_rdma_devices_means_no_watch(tmp_path: Path) -> None:
     assert not configured(config(tmp_path, root=tmp_path / "nothing"))
 
 
+Series = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
 def series(
-    tmp_path: Path, cfg: Config, gpus: range = range(8)
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    tmp_path: Path, cfg: Config, gpus: range = range(8), per_counter: bool = False
+) -> Series:
     """The RDMA series of a job on ``gpus`` (the sidecar's snapshot holds the job's GPUs)."""
     w = RdmaWatch(cfg)
     s = replace(snap(30), gpus=tuple(g for g in snap(30).gpus if g.index in gpus))
     rdma = job_ports(w.read(s), w.expect)
     job = Job(job_id="77", user="alice", node="n2", account="ml", partition="gpu")
-    collector = SidecarCollector(lambda: ExportState(labels=job, snapshot=s, rdma=rdma))
+    collector = SidecarCollector(lambda: ExportState(labels=job, snapshot=s, rdma=rdma),
+                                 per_counter_rdma=per_counter)  # fmt: skip
     registry = CollectorRegistry()
     registry.register(collector)
     return {
@@ -122,14 +127,55 @@ def test_the_jobs_rdma_series_per_judged_port_with_the_jobs_labels(tmp_path: Pat
     def key(name: str, hca: str, **more: str) -> tuple[str, tuple[tuple[str, str], ...]]:
         return (name, tuple(sorted({**dict(job), "hca": hca, "port": "1", **more}.items())))
 
-    assert got[key("slurmhealth_rdma_port_errors_total", "mlx5_1", counter="symbol_error")] == 60
+    # default: one error series per port, the sum of its counters (only symbol_error grew)
+    assert got[key("slurmhealth_rdma_port_errors_total", "mlx5_1", counter="all")] == 60
+    assert got[key("slurmhealth_rdma_port_errors_total", "mlx5_0", counter="all")] == 0
     assert got[key("slurmhealth_rdma_port_up", "mlx5_0", state="ACTIVE/LinkUp")] == 1.0
     assert got[key("slurmhealth_rdma_port_rate_bytes_per_second", "mlx5_0")] == 50e9
     words = simtree.counter_values(spec.hcas[1].ports[1], 30.0)["port_rcv_data"]
     assert got[key("slurmhealth_rdma_port_received_bytes_total", "mlx5_1")] == 4 * words
-    # only the fabric's ports ([rdma] devices), and a bounded set per port
+    # only the fabric's ports ([rdma] devices), 5 series per port
     assert {dict(k[1])["hca"] for k in got} == {"mlx5_0", "mlx5_1"}
-    assert len(got) <= 2 * 12
+    assert len(got) == 2 * 5
+
+
+def errors_by_port(got: Series) -> dict[tuple[str, str], dict[str, float]]:
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for (name, labels), value in got.items():
+        if name == "slurmhealth_rdma_port_errors_total":
+            d = dict(labels)
+            out.setdefault((d["hca"], d["port"]), {})[d["counter"]] = value
+    return out
+
+
+def test_per_counter_rdma_splits_the_errors_instead_of_summing_them(tmp_path: Path) -> None:
+    spec = symbol_errors(tmp_path, per_s=2.0)
+    spec = simtree.fault(spec, "counter", "mlx5_1", counter="port_rcv_errors", per_s=1.0)
+    simtree.update_counters(str(tmp_path / "sys"), spec, 30.0)
+    cfg = config(tmp_path)
+    summed = errors_by_port(series(tmp_path, cfg))
+    split = errors_by_port(series(tmp_path, cfg, per_counter=True))
+    assert summed[("mlx5_1", "1")] == {"all": 60 + 30}
+    assert split[("mlx5_1", "1")]["symbol_error"] == 60
+    assert split[("mlx5_1", "1")]["port_rcv_errors"] == 30
+    # never both: `sum by (hca, port)` is the same in either mode
+    assert all("all" not in counters for counters in split.values())
+    assert {p: sum(c.values()) for p, c in split.items()} == {
+        p: c["all"] for p, c in summed.items()
+    }
+    # the 8 counters an mlx5 port reports, 12 series a port
+    assert set(split[("mlx5_0", "1")]) == set(RDMA_ERROR_COUNTERS)
+    assert len(series(tmp_path, cfg, per_counter=True)) == 2 * 12
+
+
+def test_rdma_series_of_an_8_hca_node_per_gpu(tmp_path: Path) -> None:
+    """One HCA per GPU (ndr8): 5 series per GPU by default, for an 8-GPU job and a 1-GPU job."""
+    simtree.write_tree(str(tmp_path / "sys"), simtree.preset("ndr8"), 0.0)
+    cfg = config(tmp_path, "", devices="")
+    assert len(series(tmp_path, cfg)) == 8 * 5
+    one = series(tmp_path, cfg, gpus=range(5, 6))
+    assert len(one) == 5 and {dict(k[1])["hca"] for k in one} == {"mlx5_5"}
+    assert len(series(tmp_path, cfg, per_counter=True)) == 8 * 12
 
 
 def test_each_node_reads_its_own_tree_through_node_in_sysfs_root(tmp_path: Path) -> None:
@@ -150,4 +196,4 @@ def test_a_job_on_two_gpus_shows_only_the_hca_behind_them(tmp_path: Path) -> Non
     cfg = config(tmp_path, "", devices="")  # every port judged: mlx5_0..mlx5_3
     assert {dict(k[1])["hca"] for k in series(tmp_path, cfg)} == {f"mlx5_{i}" for i in range(4)}
     got = series(tmp_path, cfg, gpus=range(2, 4))  # GPUs 2 and 3: mlx5_1's switch
-    assert {dict(k[1])["hca"] for k in got} == {"mlx5_1"} and len(got) <= 12
+    assert {dict(k[1])["hca"] for k in got} == {"mlx5_1"} and len(got) == 5
