@@ -48,6 +48,7 @@ from slurmhealth.model_records import ExportState, Job, TaskStats  # noqa: E402
 from slurmhealth.node_metrics import NodeFacts, node_families  # noqa: E402
 from slurmhealth.rdma import simtree  # noqa: E402
 from slurmhealth.rdma.model import RdmaSnapshot  # noqa: E402
+from slurmhealth.sidecar.rdma import exports_rdma  # noqa: E402
 
 TASK = TaskStats(12_000, 0.42, 1024.0, 4.2e6, 0.41, 0.12, 0.01, 1.7e9)
 MODES = {"default": (False, False), "per-counter": (False, True), "per-link": (True, True)}
@@ -105,7 +106,8 @@ class NodeEndpoint:
     ``mode``: a key of :data:`MODES`; ``rdma``: the job's ports from its snapshot)."""
 
     def __init__(self, node: str, snap: NodeSnapshot, layout: list[int], mode: str,
-                 rdma: Rdma = no_rdma, jitter: bool = False) -> None:  # fmt: skip
+                 rdma: Rdma = no_rdma, jitter: bool = False,
+                 job_nodes: str = "") -> None:  # fmt: skip
         self.node, self.jitter = node, jitter
         self.facts = NodeFacts(node, last_checks=[LastCheck("prolog", "ok", 1.7e9),
                                                   LastCheck("epilog", "ok", 1.7e9)],
@@ -116,12 +118,15 @@ class NodeEndpoint:
         for n, count in enumerate(layout):
             job_id = f"{abs(hash(node)) % 10**6}{n:02d}"
             labels = Job(job_id=job_id, node=node, user=f"user{n}", account="acct",
-                         partition="gpu", qos="normal", priority=4294901)  # fmt: skip
+                         partition="gpu", qos="normal", priority=4294901,
+                         nodes=job_nodes or node)  # fmt: skip
+            # [metrics] rdma_series = multi_node (the default): a job on one node has none
+            ports = rdma if exports_rdma("multi_node", labels.nodes) else no_rdma
             job_snap = dataclasses.replace(snap, node=node, gpus=snap.gpus[first : first + count])
             first += count
             state = ExportState(labels, job_snap, event_counts={("straggler", 0): 1},
                                 task=TASK, samples_total=100, started_ts=1.7e9,
-                                rdma=rdma(job_snap))  # fmt: skip
+                                rdma=ports(job_snap))  # fmt: skip
             per_link, per_counter = MODES[mode]
             self.jobs.append(SidecarCollector(self._state(state), per_link_nvlink=per_link,
                                               per_counter_rdma=per_counter))  # fmt: skip
@@ -154,9 +159,10 @@ class NodeEndpoint:
 
 def per_node_figures(snap: NodeSnapshot, rdma: Rdma) -> list[dict[str, Any]]:
     rows = []
-    for jobs, layout in ((1, [8]), (8, [1] * 8)):
+    # the 8-GPU job spans two nodes (its ports are exported), the 1-GPU jobs are single-node
+    for jobs, layout, span in ((1, [8], "gpu-a[01-02]"), (8, [1] * 8, "")):
         for mode in MODES:
-            reg = NodeEndpoint("gpu-a01", snap, layout, mode, rdma).registry()
+            reg = NodeEndpoint("gpu-a01", snap, layout, mode, rdma, job_nodes=span).registry()
             samples = [s for fam in reg.collect() for s in fam.samples]
             ports = {(s.labels["job_id"], s.labels["hca"], s.labels["port"])
                      for s in samples if s.name.startswith("slurmhealth_rdma_")}  # fmt: skip
@@ -181,8 +187,8 @@ def prometheus_memory(
 ) -> dict[str, Any]:
     from tests.prometheus_util import start_prometheus
 
-    servers = [serve(NodeEndpoint(f"sim-{i:03d}", snap, [8], "default", rdma,
-                                  jitter=True).registry(), "127.0.0.1", [0])
+    servers = [serve(NodeEndpoint(f"sim-{i:03d}", snap, [8], "default", rdma, jitter=True,
+                                  job_nodes="sim-[000-063]").registry(), "127.0.0.1", [0])
                for i in range(nodes)]  # fmt: skip
     targets = ", ".join(f'"127.0.0.1:{s.server_address[1]}"' for s in servers)
     config = f"""
@@ -241,7 +247,8 @@ def print_node_figures(snap: NodeSnapshot, rdma: Rdma, preset: str) -> None:
     hcas = "no HCAs" if preset == "none" else f"HCAs of the {preset} tree"
     print(f"one 8x H100 node's endpoint (node series + jobs' series, {hcas}):")
     for r in per_node_figures(snap, rdma):
-        print(f"  {r['jobs']} job(s), {r['mode']:11}: {r['series']:5d} series "
+        shape = "1 two-node job " if r["jobs"] == 1 else "8 one-node jobs"
+        print(f"  {shape}, {r['mode']:11}: {r['series']:5d} series "
               f"({r['series_per_gpu']} per GPU; RDMA {r['rdma_series']} on {r['ports']} "
               f"job port(s)), {r['bytes'] / 1024:6.1f} KiB per scrape "
               f"({r['bytes_per_gpu']} B per GPU)")  # fmt: skip

@@ -189,6 +189,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "slurm.backend": ("cli", "pyslurm", "auto"),
     "rdma.link_layer": ("", "InfiniBand", "Ethernet"),
     "metrics.mode": ("slurmhealth", "dcgm"),
+    "metrics.rdma_series": ("multi_node", "all", "none"),
 }
 
 _SECTIONS: dict[str, type[Any]] = {

@@ -50,6 +50,9 @@ class MetricsConfig:
     textfile_interval_s: float = 10.0  # how often slurmhealth.prom is rewritten there
     per_link_nvlink: bool = False  # one series per NVLink and counter (18x per H100 GPU)
     per_counter_rdma: bool = False  # one RDMA error series per counter (8 a port), not their sum
+    # whose jobs export the RDMA ports behind their GPUs: multi_node (jobs on more than one
+    # node: their traffic crosses the fabric) | all | none; the checks and events run for all
+    rdma_series: str = "multi_node"
     max_jobs: int = 256  # state files read per scrape, at most
     max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
     # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)

@@ -125,6 +125,7 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
             partition=os.environ.get("SLURM_JOB_PARTITION", ""),
             qos=os.environ.get("SLURM_JOB_QOS", ""),
             node=os.environ.get("SLURMD_NODENAME", cfg.node_name),
+            nodes=os.environ.get("SLURM_JOB_NODELIST", ""),
         )
     sys.exit(Sidecar(cfg, labels, gpus or ()).run())
 

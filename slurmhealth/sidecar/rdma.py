@@ -108,3 +108,16 @@ def job_ports(rdma: RdmaSnapshot, expect: RdmaExpect) -> RdmaSnapshot:
     hcas = [h for h in hcas if h.ports]
     near = [h for h in hcas if gpus_near(h, rdma.gpus, rdma.hcas)]
     return replace(rdma, hcas=tuple(near or hcas))
+
+
+def exports_rdma(mode: str, nodes: str) -> bool:
+    """Whether the job's RDMA ports become series (``[metrics] rdma_series``): a job on one
+    node (or whose node list cannot be read) exports them only with ``all``."""
+    if mode in ("all", "none"):
+        return mode == "all"
+    from slurmhealth.slurm_base import HostlistError, expand_hostlist
+
+    try:
+        return len(expand_hostlist(nodes)) > 1
+    except HostlistError:
+        return False

@@ -27,6 +27,7 @@ from slurmhealth.history import Batch, History, rows
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
+from slurmhealth.sidecar.rdma import exports_rdma
 from slurmhealth.sidecar.state import Event
 from slurmhealth.stopflag import StopFlag
 
@@ -80,6 +81,7 @@ class Sidecar:
         self._history: History | None = None
         self._why_stopped = "job gone"
         self._rdma_state: Any = None  # the judged ports last read; False: reading failed
+        self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
         from slurmhealth.metrics import SidecarCollector
 
         mc = cfg.metrics
@@ -336,7 +338,7 @@ class Sidecar:
                 xid_counts=dict(self._xid_counts),
                 event_counts=dict(self._event_counts),
                 task=stats,
-                rdma=self._rdma_state or None,
+                rdma=(self._rdma_state or None) if self._rdma_series else None,
                 samples_total=self._state.samples_total + len(snapshot.gpus),
             )
         self._publish()

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from slurmhealth.config import Config
 from slurmhealth.metrics import (
     GPU_LABELS,
     INFO_LABELS,
@@ -22,6 +23,7 @@ from slurmhealth.metrics import (
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job, TaskStats
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
+from slurmhealth.sidecar.rdma import exports_rdma
 from tests.prometheus_util import promtool
 
 GIB = 1024**3
@@ -262,9 +264,12 @@ def test_cardinality_budget_default_mode_at_most_40_series_per_gpu() -> None:
     assert len(text) / 8 < 8_000  # bytes per GPU and scrape, HELP/TYPE lines included
     # 8 single-GPU jobs, each reporting task metrics: the job-level series add up
     assert series_per_gpu(single_gpu_jobs(task, with_hcas=False)) <= 40
-    # each with the HCA behind its GPU: 5 more per GPU, over the budget (docs/metrics.md)
+    # with the HCA behind each GPU, 5 more per GPU: over the budget, so a one-node job's
+    # sidecar exports no port series unless [metrics] rdma_series = "all" (docs/metrics.md)
     with_hcas = series_per_gpu(single_gpu_jobs(task, with_hcas=True))
     assert with_hcas == series_per_gpu(single_gpu_jobs(task, with_hcas=False)) + 5
+    assert not exports_rdma(Config().metrics.rdma_series, "gpu-a01")
+    assert exports_rdma(Config().metrics.rdma_series, "gpu-a[01-02]")
 
 
 def single_gpu_jobs(task: TaskStats, with_hcas: bool) -> CollectorRegistry:

@@ -88,7 +88,8 @@ def test_the_sidecar_process_publishes_the_ports_and_raises_ib_errors(tmp_path: 
                             db="history.db", extra=extra)  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "slurmhealth", "sidecar", "--job", "4242", "--gpus", "0-7"],
-        env=sidecar_env(config), stderr=subprocess.DEVNULL,
+        # a two-node job: its traffic crosses the fabric ([metrics] rdma_series = multi_node)
+        env=sidecar_env(config, SLURM_JOB_NODELIST="node[1-2]"), stderr=subprocess.DEVNULL,
     )  # fmt: skip
     state = tmp_path / "run" / "export" / "job-4242.json"
     try:

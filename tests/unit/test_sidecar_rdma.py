@@ -197,3 +197,12 @@ def test_a_job_on_two_gpus_shows_only_the_hca_behind_them(tmp_path: Path) -> Non
     assert {dict(k[1])["hca"] for k in series(tmp_path, cfg)} == {f"mlx5_{i}" for i in range(4)}
     got = series(tmp_path, cfg, gpus=range(2, 4))  # GPUs 2 and 3: mlx5_1's switch
     assert {dict(k[1])["hca"] for k in got} == {"mlx5_1"} and len(got) == 5
+
+
+def test_which_jobs_export_their_ports() -> None:
+    from slurmhealth.sidecar.rdma import exports_rdma
+
+    assert exports_rdma("multi_node", "n[1-2]") and exports_rdma("multi_node", "n1,n7")
+    assert not exports_rdma("multi_node", "n1") and not exports_rdma("multi_node", "")
+    assert not exports_rdma("multi_node", "n[1-")  # unreadable: no series, never an error
+    assert exports_rdma("all", "n1") and not exports_rdma("none", "n[1-2]")
