@@ -192,8 +192,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "metrics.rdma_series": ("multi_node", "all", "none"),
 }
 
+# each field of Config names its section's class (read from this module's names, not with
+# get_type_hints, which would compile every annotation at each hook's start)
 _SECTIONS: dict[str, type[Any]] = {
-    name: tp for name, tp in get_type_hints(Config).items() if name != "sources"
+    f.name: globals()[str(f.type)] for f in dataclasses.fields(Config) if f.name != "sources"
 }
 
 

@@ -101,8 +101,10 @@ def load(data: Any) -> History:
                 if packed["quiet"]:
                     since, until = (float(ts) for ts in packed["span"])
                     for key, value in packed["quiet"].items():
-                        ends = [since] if until == since else [since, until]
-                        rings[str(key)] = [[ts, int(value)] for ts in ends]
+                        v = int(value)  # ~450 counters on 8 GPUs: no comprehension each
+                        rings[str(key)] = (
+                            [[since, v]] if until == since else [[since, v], [until, v]]
+                        )
             except (AttributeError, KeyError, TypeError, ValueError):
                 continue
             gpus[str(uuid)] = rings

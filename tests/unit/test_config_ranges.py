@@ -196,3 +196,12 @@ def test_the_field_types_read_fast_are_the_annotations() -> None:
 
     for name, cls in _SECTIONS.items():
         assert _section_fields(name) == get_type_hints(cls), name
+
+
+def test_the_sections_read_fast_are_the_annotations() -> None:
+    from typing import get_type_hints
+
+    from slurmhealth.config import _SECTIONS
+
+    hints = get_type_hints(Config)
+    assert _SECTIONS == {name: tp for name, tp in hints.items() if name != "sources"}
