@@ -204,4 +204,4 @@ def test_the_sections_read_fast_are_the_annotations() -> None:
     from slurmhealth.config import _SECTIONS
 
     hints = get_type_hints(Config)
-    assert _SECTIONS == {name: tp for name, tp in hints.items() if name != "sources"}
+    assert {name: tp for name, tp in hints.items() if name != "sources"} == _SECTIONS
