@@ -133,7 +133,8 @@ class PromSource:
         values["mem_total"] = per_gpu(first["mem_total"], max)
         summed = {name: Summed(first[f"{name}_sum"], first[f"{name}_n"]) for name in _SUMMED}
         throttle = throttle_counts(first["throttle"])
-        keys = sorted(set().union(*values.values(), summed["util"].n, throttle))
+        present = per_gpu(first["present"], max)
+        keys = sorted(set().union(*values.values(), summed["util"].n, throttle, present))
         steps, totals = sampling(first["steps"])
         step = statistics.median(steps.values()) if steps else None
         calls = self._p5_calls(w, summed["util"].n)
@@ -179,6 +180,8 @@ class PromSource:
             m = w.m(series, extra)
             exprs[name] = f"max_over_time({m}{edge}) - min_over_time({m}{edge} {early})"
         exprs["mem_total"] = f"max_over_time({w.m('gpu_memory_total_bytes')}{edge})"
+        # a GPU that fell off the bus before the sidecar's first sample has gpu_up (0) only
+        exprs["present"] = f"max_over_time({w.m('gpu_up')}{edge})"
         reasons = _alternatives(HW_THROTTLE.values())
         active = w.m("gpu_clock_event_active", f",reason=~{reasons}")
         exprs["throttle"] = f"count_over_time({active}[{w.span}])"
