@@ -157,10 +157,14 @@ class Config:
         return self.expand(self.rdma.sysfs_root, node)
 
     def has_rdma(self, node: str | None = None) -> bool:
-        """Whether ``[rdma]`` is enabled and ``node`` shows RDMA devices (one ``isdir``): the
-        network layer (its checks, series, mlx5 kernel-log lines, evidence) runs only then."""
+        """Whether ``[rdma]`` is enabled and ``node`` shows RDMA devices (one ``isdir``), or
+        must show some (``expected_hcas``: a node whose driver lost them all is a fault, not
+        a node without a network): the network layer (its checks, series, mlx5 kernel-log
+        lines, evidence) runs only then."""
+        if not self.rdma.enabled:
+            return False
         root = os.path.join(self.rdma_root(node), "class", "infiniband")
-        return self.rdma.enabled and os.path.isdir(root)
+        return self.rdma.expected_hcas > 0 or os.path.isdir(root)
 
 
 ENV_KEYS: dict[str, str] = {

@@ -5,6 +5,7 @@ port, with the GPUs behind it and the right severity; the healthy presets (4-HCA
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from slurmhealth.hooks.drain import drain_reason
 from slurmhealth.model import Action, Finding, Severity
 from slurmhealth.rdma import expect_from, read_rdma, simtree
 from slurmhealth.rdma.model import RdmaExpect, RdmaSnapshot
+from tests.conftest import run_cli
 from tests.unit.test_checks import TS, node
 
 NDR = RdmaExpect(hca_count=4, rate_gbps=400, gpudirect=True, link_layer="InfiniBand")
@@ -304,3 +306,19 @@ def test_the_check_command_reads_the_nodes_hcas_and_fails_a_port_down(
     (f,) = data["findings"]
     assert (f["check"], f["severity"]) == ("ib_port_state", "fail")
     assert f["message"].startswith("mlx5_1/1 port DOWN")
+
+
+def test_a_node_expecting_hcas_that_shows_none_fails_the_count(
+    tmp_path: Path, sim_env: Callable[..., dict[str, str]]
+) -> None:
+    """The mlx5 driver did not load: no /sys/class/infiniband at all. A node that must show
+    4 HCAs is not a node without a network."""
+    env = sim_env("healthy")
+    cfg = Path(env["SLURMHEALTH_CONFIG"])
+    cfg.write_text(cfg.read_text() + f'[rdma]\nsysfs_root = "{tmp_path}/sys"\nexpected_hcas = 4\n')
+    proc = run_cli("check", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    found = [f for f in json.loads(proc.stdout)["findings"] if f["check"] == "ib_hca_count"]
+    assert found and found[0]["severity"] == "fail", found
+    cfg.write_text(cfg.read_text().replace("expected_hcas = 4", "expected_hcas = 0"))
+    assert run_cli("check", env=env).returncode == 0  # no expectation: nothing to judge
