@@ -252,9 +252,14 @@ def test_slurm_adapter_reads_24_11_output_and_the_prolog_env_opt_out(node: Slurm
         assert time.monotonic() < deadline, show_job(node, job_id)
         time.sleep(0.5)
     node.run("scontrol update NodeName=n1 State=DRAIN Reason='slurmhealth: test'")
-    ran = node.run(f"/opt/slurmhealth/bin/python -c '{ADAPTER}' {job_id}")
-    assert ran.returncode == 0, ran.stderr
-    seen = json.loads(ran.stdout)
+    deadline = time.monotonic() + 60  # RUNNING comes before the batch step's slurmstepd
+    while True:
+        ran = node.run(f"/opt/slurmhealth/bin/python -c '{ADAPTER}' {job_id}")
+        assert ran.returncode == 0, ran.stderr
+        seen = json.loads(ran.stdout)
+        if seen["steps"]["n2"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert seen["nodes"]["n1"] == ["drained", "slurmhealth: test", "root"]
     assert seen["nodes"]["n2"] == ["mixed", "", ""]  # sinfo prints "root" as %u here
     assert seen["job"] == ["root", "", "gpu", "", "n2", "running", "needs a|pipe"]
