@@ -30,6 +30,7 @@ from prometheus_client.registry import Collector
 from slurmhealth.exposition import CONTENT_TYPE, render, serve
 from slurmhealth.model import CLOCK_EVENT_REASONS, GpuState, GpuStatus
 from slurmhealth.model_records import ExportState, Job
+from slurmhealth.rdma.model import ERROR_COUNTERS
 
 __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "render", "serve"]
 
@@ -334,12 +335,9 @@ _RDMA_HELP = {
     "rx": "Bytes the port received (counters/port_rcv_data x 4: the counter is in 4-byte words).",
     "tx": "Bytes the port sent (counters/port_xmit_data x 4: the counter is in 4-byte words).",
 }
-RDMA_ERROR_COUNTERS = (
-    "symbol_error", "link_error_recovery", "link_downed", "port_rcv_errors",
-    "port_rcv_remote_physical_errors", "port_xmit_discards", "local_link_integrity_errors",
-    "excessive_buffer_overrun_errors",
-)  # fmt: skip
-"""The error counters exported per port: their sum (one series), or each (8 series)."""
+RDMA_ERROR_COUNTERS = (*ERROR_COUNTERS, "port_rcv_remote_physical_errors")
+"""The error counters exported per port: those the checks judge (rdma.model) and the remote
+physical errors, their sum (one series) or each (8 series)."""
 
 
 def _rdma_families(state: ExportState, job: tuple[str, ...], per_counter: bool) -> Iterator[Metric]:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from slurmhealth.checks import CheckContext, check, finding
+from slurmhealth.checks.network import near_gpus
 from slurmhealth.model import Action, Finding, Severity
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def ib_kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         name = hca.name if hca is not None else f"mlx5_core {where}"
         detail = _detail(kind, first)
         count = f" (x{len(members)})" if len(members) > 1 else ""
-        gpus, buses = _near(ctx, hca)
+        gpus, buses = near_gpus(ctx, hca) if hca is not None else ([], [])
         behind = f" (GPUs {','.join(map(str, gpus))} behind it)" if gpus else ""
         out.append(
             finding(
@@ -136,11 +137,3 @@ def _hca_of(ctx: CheckContext, e: KernelEvent) -> Hca | None:
 def _in_fabric(ctx: CheckContext, hca: Hca) -> bool:
     expect = ctx.rdma_expect
     return expect is not None and bool(expect.devices) and any(expect.judged(p) for p in hca.ports)
-
-
-def _near(ctx: CheckContext, hca: Hca | None) -> tuple[list[int], list[str]]:
-    if hca is None:
-        return [], []
-    from slurmhealth.checks.network import near_gpus
-
-    return near_gpus(ctx, hca)

@@ -8,8 +8,9 @@ The judgement is the check catalog's (:mod:`slurmhealth.checks.network`): each r
 windows as the prolog's). Here only time: an event fires once when its port's failing
 finding starts, and again only after it has cleared.
 
-Nothing of this runs unless ``[rdma]`` is enabled and ``<sysfs_root>/class/infiniband``
-exists when the sidecar starts.
+Nothing of this runs unless ``[rdma]`` is enabled and, when the sidecar starts,
+``<sysfs_root>/class/infiniband`` exists or ``expected_hcas`` says it must
+(:meth:`slurmhealth.config.Config.has_rdma`).
 """
 
 from __future__ import annotations
