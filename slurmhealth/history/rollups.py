@@ -36,6 +36,8 @@ _EXTREMES: dict[str, tuple[str, Any]] = {
 }  # fmt: skip
 _SUMS = {"util": "util_pct", "power": "power_w"}  # <name>_n, <name>_sum
 HIST = tuple(f"h{i}" for i in range(100 // HIST_WIDTH + 1))
+
+
 REASONS = {f"r_{name}": bit for name, bit in CLOCK_EVENT_REASONS.items()}
 _COUNTS = ("n", "util_n", "power_n", "swings", *HIST, *REASONS)  # summed when merged
 KEY = ("job_id", "node", "gpu", "bucket")
@@ -69,6 +71,11 @@ _UPSERT = (
 )
 
 
+def util_bin(pct: float) -> int:
+    """The index in :data:`HIST` of the bin holding ``pct`` % (clamped to 0-100)."""
+    return int(min(max(pct, 0.0), 100.0) // HIST_WIDTH)
+
+
 def bucket_of(ts: float) -> int:
     return int(ts // BUCKET_S) * BUCKET_S
 
@@ -99,7 +106,7 @@ def of_samples(key: tuple[str, str, int, int], rows: list[Mapping[str, Any]]) ->
     util = values["util_pct"]
     out.update(dict.fromkeys(HIST, 0))
     for u in util:
-        out[HIST[int(min(max(u, 0.0), 100.0) // HIST_WIDTH)]] += 1
+        out[HIST[util_bin(u)]] += 1
     marks = "".join(m for u in util if (m := _mark(u)))
     out["mark_in"] = None
     out["mark_first"], out["mark_last"] = (marks[0], marks[-1]) if marks else (None, None)

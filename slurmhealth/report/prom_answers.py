@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats
-from slurmhealth.history.rollups import HIST_WIDTH
+from slurmhealth.history.rollups import HIST_WIDTH, util_bin
 from slurmhealth.prom_client import Labels, Matrix, Vector
 
 Key = tuple[str, int]  # (node, GPU index)
@@ -145,7 +145,7 @@ def uuids_of(answers: Iterable[Any]) -> dict[Key, str]:
 
 def bin_floor(q: float) -> float:
     """The lower edge of the history's utilisation bin holding ``q`` % (rollups.HIST)."""
-    return float(int(min(max(round(q, 6), 0.0), 100.0) // HIST_WIDTH) * HIST_WIDTH)
+    return float(util_bin(round(q, 6)) * HIST_WIDTH)  # rounded: a ratio x 100 is inexact
 
 
 def gpu_stats_of(
