@@ -199,6 +199,12 @@ def measure(args: argparse.Namespace) -> Report:
         # the node's shared snapshot and its lock stay by design (hooks/snapshot_cache.py)
         for path in sorted(run_dir.rglob("*")):
             kept = path.parent == run_dir and path.name in ("snapshot.json", "snapshot.lock")
+            # a finished job's published stats, served for final_linger_s (300 s) by design
+            kept |= (
+                path.parent.name == "export"
+                and path.name.startswith("done-")
+                and (time.time() - path.stat().st_mtime < 300 + 60)
+            )
             if path.is_file() and not kept:
                 report.orphan_files.append(str(path))
     return report

@@ -7,7 +7,10 @@ stores them); the generator then writes every sample of every series with its ti
 is a precomputed string and each series one ``join``), and promtool backfills the file.
 A healthy training job: utilisation ~97 % with a checkpoint dip a day, power and temperature
 that move, a PCIe replay counter that grows, GPU 3 of the sixth node thermal-throttled
-6 samples in every 720.
+6 samples in every 720. After the job, what each node's epilog publishes for
+``final_linger_s`` (``final_series``): the per-GPU stats its history holds, computed here by
+the history's own code from the same samples (one history per distinct node: the
+throttled one and the others), served by 5 scrapes.
 """
 
 from __future__ import annotations
@@ -24,28 +27,41 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from slurmhealth.model import GpuState, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job
-from tests.prometheus_util import get_text
-from tests.support.prom_backfill import backfill, scrape
+
+# (tests.* is imported where the data is built: it imports pytest, which the timed report
+# process must not pay for)
+
+FINAL_SCRAPES = (30, 90, 150, 210, 270)  # s after the job: a 300 s linger at a 60 s scrape
 
 Values = Callable[[int], Sequence[str]]  # GPU index -> one value string per sample
+
+
+def _states(node: str, gpus: int, throttled: int | None, **values: Any) -> tuple[GpuState, ...]:
+    """The node's GPUs at one moment (``values``: a field's value for each of 8 GPUs)."""
+    links = tuple(NvLink(n, True, replay_errors=0, recovery_errors=0, crc_flit_errors=0,
+                         crc_data_errors=0) for n in range(18))  # fmt: skip
+    fields: dict[str, Any] = dict(
+        temperature_c=60, margin_temperature_c=25, power_w=600.0, utilization_gpu_pct=97,
+        memory_total_bytes=80 * 2**30, memory_used_bytes=70 * 2**30, pcie_gen=5,
+        pcie_width=16, pcie_replay_errors=0, nvlinks=links,
+    )  # fmt: skip
+    return tuple(
+        GpuState(index=g, uuid=f"GPU-{node}-{g:02d}-0000-0000-000000000000",
+                 name="NVIDIA H100 80GB HBM3",
+                 clock_event_reasons=0x40 if g == throttled else 0,
+                 **{**fields, **{k: v[g % 8] for k, v in values.items()}})
+        for g in range(gpus)
+    )  # fmt: skip
 
 
 def _template(job: str, node: str, gpus: int, throttled: int | None) -> list[str]:
     """The exposition lines of one scrape of the node (values are placeholders; GPU
     ``throttled`` shows HW thermal slowdown)."""
-    links = tuple(NvLink(n, True, replay_errors=0, recovery_errors=0, crc_flit_errors=0,
-                         crc_data_errors=0) for n in range(18))  # fmt: skip
-    states = tuple(
-        GpuState(index=g, uuid=f"GPU-{node}-{g:02d}-0000-0000-000000000000",
-                 name="NVIDIA H100 80GB HBM3", temperature_c=60, margin_temperature_c=25,
-                 power_w=600.0, utilization_gpu_pct=97, memory_total_bytes=80 * 2**30,
-                 memory_used_bytes=70 * 2**30, clock_event_reasons=0x40 if g == throttled else 0,
-                 pcie_gen=5,
-                 pcie_width=16, pcie_replay_errors=0, nvlinks=links)
-        for g in range(gpus)
-    )  # fmt: skip
     state = ExportState(Job(job_id=job, node=node, user="bench", priority=1),
-                        NodeSnapshot(node, 0.0, states), samples_total=1)  # fmt: skip
+                        NodeSnapshot(node, 0.0, _states(node, gpus, throttled)),
+                        samples_total=1)  # fmt: skip
+    from tests.support.prom_backfill import scrape
+
     return [line for line in scrape(state).splitlines() if line and line[0] != "#"]
 
 
@@ -65,6 +81,55 @@ def _series_values(n: int) -> dict[str, Values]:
         "slurmhealth_gpu_pcie_replay_errors_total": per_gpu(lambda g, i: i // 2000),
         "slurmhealth_sidecar_samples_total": lambda g: [str(i + 1) for i in range(n)],
     }
+
+
+def _published(job: str, nodes: int, gpus: int, samples: int, step: float, start: float,
+               tmp: Path) -> str:  # fmt: skip
+    """The stamped scrapes of what every node's epilog publishes after the job: its
+    history's per-GPU stats (``summary.json``), from the same samples as the series."""
+    from dataclasses import asdict
+
+    from slurmhealth.final_series import families
+    from slurmhealth.history import Batch, History
+    from slurmhealth.history.read import Reader
+    from slurmhealth.history.rows import sample_rows
+    from slurmhealth.report.collect import node_facts
+    from tests.support.prom_backfill import scrape_families, stamped
+
+    v = _series_values(samples)
+    num = {name: [[float(x) for x in v[name](g)] for g in range(8)] for name in v}
+    util, power = num["slurmhealth_gpu_utilization_ratio"], num["slurmhealth_gpu_power_watts"]
+    temp, margin = (
+        num["slurmhealth_gpu_temperature_celsius"],
+        num["slurmhealth_gpu_thermal_margin_celsius"],
+    )
+    replay = num["slurmhealth_gpu_pcie_replay_errors_total"]
+    stats = {}
+    for throttled in (None, 3):  # node 6 (index 5) and the others
+        with History(tmp / f"final-{throttled}.db") as db:
+            for first in range(0, samples, 500):
+                rows = []
+                for i in range(first, min(samples, first + 500)):
+                    at = {"utilization_gpu_pct": [round(u[i] * 100) for u in util],
+                          "power_w": [p[i] for p in power],
+                          "temperature_c": [round(t[i]) for t in temp],
+                          "margin_temperature_c": [round(m[i]) for m in margin],
+                          "pcie_replay_errors": [round(r[i]) for r in replay]}  # fmt: skip
+                    gs = _states("n", gpus, throttled if i % 720 < 6 else None, **at)
+                    rows += sample_rows(NodeSnapshot("n", start + i * step, gs), job)
+                db.write(Batch(inserts=[("samples", r) for r in rows]))
+        with Reader(tmp / f"final-{throttled}.db") as db:
+            stats[throttled] = [asdict(g) for g in node_facts(db, job, "n").gpus]
+    out = []
+    for k in range(nodes):
+        node = f"n{k + 1:03d}"
+        gpu_stats = [{**g, "uuid": f"GPU-{node}-{g['gpu']:02d}-0000-0000-000000000000"}
+                     for g in stats[3 if k == 5 else None]]  # fmt: skip
+        labels = Job(job_id=job, node=node, user="bench", priority=1)
+        text = scrape_families(families(labels, node, gpu_stats))
+        end = start + (samples - 1) * step
+        out += [stamped(text, end + d) for d in FINAL_SCRAPES]
+    return "".join(out)
 
 
 def write_job(path: Path, job: str, nodes: int, gpus: int, samples: int, step: float,
@@ -90,6 +155,7 @@ def write_job(path: Path, job: str, nodes: int, gpus: int, samples: int, step: f
                     out.write("".join([f"{head} {v}{t}" for v, t in zip(vs, stamps, strict=True)]))
                 else:
                     out.write(f"{head} {const}".join(["", *stamps]))
+        out.write(_published(job, nodes, gpus, samples, step, start, path.parent))
         out.write("# EOF\n")
     return start
 
@@ -99,7 +165,7 @@ def build(
 ) -> dict[str, float]:
     """Backfill the job (ending an hour ago, within Prometheus' retention) into
     ``data_dir``/tsdb unless it holds it already; returns the job's window and set-up times."""
-    marker = data_dir / "job.txt"
+    marker = data_dir / "job-final.txt"  # (job.txt: data without the published stats)
     if marker.exists():
         start, end = map(float, marker.read_text().split())
         return {"start": start, "end": end, "generate_s": 0.0, "backfill_s": 0.0}
@@ -110,6 +176,8 @@ def build(
     om = data_dir / "job.om"
     start = write_job(om, job, nodes, gpus, samples, step, end)
     t1 = time.perf_counter()
+    from tests.support.prom_backfill import backfill
+
     backfill(om, data_dir / "tsdb")
     t2 = time.perf_counter()
     om.unlink()
@@ -120,6 +188,8 @@ def build(
 def server_cpu(url: str) -> float:
     """Prometheus' own CPU seconds so far (its ``process_cpu_seconds_total``): what a
     report costs it, whatever else the machine runs."""
+    from tests.prometheus_util import get_text
+
     for line in get_text(f"{url}/metrics").splitlines():
         if line.startswith("process_cpu_seconds_total "):
             return float(line.split()[1])
@@ -140,8 +210,15 @@ def print_figures(r: dict[str, Any]) -> None:
     print(f"  CPU per gpu_stats: Prometheus {r['prometheus_cpu_s']} s, client "
           f"{r['client_cpu_s']} s (load average {r['load_average']:.1f} on {os.cpu_count()} "
           f"cores)")  # fmt: skip
+    x = r["from_series"]
+    print(
+        f"  without published stats (every node's computed from its series): gpu_stats "
+        f"median {x['median_s']} s (min {x['min_s']}, max {x['max_s']})"
+    )
+    off = {k: v for k, v in r["series_vs_published"].items() if v > 0}
+    print(f"  published vs computed from the series, largest relative difference: {off or 0}")
     if r["skipped"]:
-        print(f"  not computed at this size: {', '.join(r['skipped'])}")
+        print(f"  not computed from the series at this size: {', '.join(r['skipped'])}")
 
 
 def report_json(url: str, job: str, start: float, end: float) -> str:

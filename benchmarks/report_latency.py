@@ -271,6 +271,21 @@ def _stats(times: list[float]) -> dict[str, float]:
     }
 
 
+def max_difference(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """Per GpuStats number field: the largest relative difference between two answers."""
+    from dataclasses import asdict
+
+    worst: dict[str, float] = {}
+    for node, gpus in a.items():
+        for x, y in zip(gpus, b.get(node, ()), strict=False):
+            for name, u in asdict(x).items():
+                v = getattr(y, name)
+                if isinstance(u, int | float) and isinstance(v, int | float) and name != "gpu":
+                    d = abs(u - v) / max(abs(u), abs(v), 1e-12)
+                    worst[name] = max(worst.get(name, 0.0), round(d, 6))
+    return worst
+
+
 def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from benchmarks.prom_job import build, server_cpu
     from slurmhealth.report.prometheus import PromSource
@@ -296,8 +311,14 @@ def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         cmd = [sys.executable, str(REPO / "benchmarks" / "prom_job.py"), url, JOB,
                repr(job["start"]), repr(job["end"])]  # fmt: skip
         process = _time(cmd, env, args.runs)
+        from_series, series_times = {}, []  # no node published its stats: every sample read
+        for _ in range(max(1, args.runs // 2)):
+            t0 = time.perf_counter()
+            from_series = source.gpu_stats(JOB, job["start"], job["end"], final=False)
+            series_times.append(time.perf_counter() - t0)
     finally:
         stop()
+    worst = max_difference(stats, from_series)
     return {
         "nodes": nodes,
         "gpus": nodes * gpus,
@@ -314,6 +335,8 @@ def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         "prometheus_cpu_s": round(statistics.median(prom_cpu), 2),
         "client_cpu_s": round(statistics.median(client_cpu), 2),
         "report_process": _stats(process),
+        "from_series": _stats(series_times),
+        "series_vs_published": worst,
         "load_average": os.getloadavg()[0],
     }
 

@@ -88,6 +88,7 @@ RANGES: Mapping[str, Bound] = {
     "metrics.textfile_interval_s": Bound(1, DAY),
     "metrics.max_jobs": Bound(1, 100_000),
     "metrics.max_state_bytes": Bound(4096, 1024**3),
+    "metrics.final_linger_s": Bound(0, DAY),
     "evidence.source_timeout_s": POSITIVE_S,
     "evidence.source_max_bytes": Bound(1, 1 << 40),
     "evidence.budget_s": POSITIVE_S,

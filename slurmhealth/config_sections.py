@@ -54,6 +54,9 @@ class MetricsConfig:
     # node: their traffic crosses the fabric) | all | none; the checks and events run for all
     rdma_series: str = "multi_node"
     max_jobs: int = 256  # state files read per scrape, at most
+    # how long a finished job's per-GPU stats stay served (final_series; 0 = never published):
+    # several scrapes, so that a report from Prometheus reads them instead of every sample
+    final_linger_s: float = 300.0
     max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
     # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"

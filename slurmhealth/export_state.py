@@ -7,6 +7,11 @@ scrape, bounded in file count and size, and keeps a job's series only while its 
 fresh and its sidecar alive: a job's series go with its file (the sidecar removes it when
 it stops, the epilog when it stops the sidecar), with its sidecar's process (a crash), or
 once the file is older than :func:`stale_after` (a hung sidecar).
+
+A finished job leaves one more file, ``done-<id>.json`` (same format), written by its
+epilog: the job's per-GPU stats (:mod:`slurmhealth.final_series`), served for
+``Limits.linger_s`` after it was written and then removed (by the exporter, or by the next
+epilog that publishes one).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ if TYPE_CHECKING:  # not at import: the prolog imports this module to start a si
 FORMAT = 1
 _JOB_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,63}\Z")
 _STATE_FILE = re.compile(r"job-([A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,63})\.json\Z")
+_FINAL_FILE = re.compile(r"done-([A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,63})\.json\Z")
 _PID_FILE = re.compile(r"sidecar-([A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,63})\.pid\Z")
 
 
@@ -42,6 +48,13 @@ def state_path(run_dir: str, job_id: str) -> str:
     if not _JOB_ID.match(job_id):
         raise ValueError(f"not a job id usable in a file name: {job_id!r}")
     return os.path.join(state_dir(run_dir), f"job-{job_id}.json")
+
+
+def final_path(run_dir: str, job_id: str) -> str:
+    """Where a finished job's stats are published (:func:`write_final`)."""
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"not a job id usable in a file name: {job_id!r}")
+    return os.path.join(state_dir(run_dir), f"done-{job_id}.json")
 
 
 def stale_after(interval_s: float) -> float:
@@ -99,6 +112,21 @@ def write_state(run_dir: str, job_id: str, data: bytes) -> None:
     write_atomic(os.path.dirname(path), os.path.basename(path), data)
 
 
+def write_final(run_dir: str, job_id: str, data: bytes, linger_s: float, now: float) -> None:
+    """Publish a finished job's stats file, and remove the ones older than ``linger_s``
+    (the node's exporter removes them too; this keeps the directory bounded without it)."""
+    path = final_path(run_dir, job_id)
+    directory = os.path.dirname(path)
+    check_dir(directory, create=True)
+    write_atomic(directory, os.path.basename(path), data)
+    for name in os.listdir(directory):
+        if _FINAL_FILE.match(name) and name != os.path.basename(path):
+            old = os.path.join(directory, name)
+            with contextlib.suppress(OSError):
+                if now - os.lstat(old).st_mtime > linger_s:
+                    os.unlink(old)
+
+
 def remove_state(run_dir: str, job_id: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(state_path(run_dir, job_id))
@@ -122,6 +150,8 @@ class JobStates:
     dead: set[str] = field(default_factory=set)  # the sidecar's process is gone
     stale: set[str] = field(default_factory=set)  # alive, but its file is too old
     skipped: int = 0  # files over the limits, unreadable, or not ours
+    finished: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # done-<id>.json
+    expired: list[str] = field(default_factory=list)  # done files older than linger_s
 
 
 @dataclass(frozen=True)
@@ -129,6 +159,7 @@ class Limits:
     max_files: int = 256
     max_bytes: int = 8 * 1024 * 1024
     stale_s: float = 25.0
+    linger_s: float = 0.0  # how long a finished job's stats file is served
 
 
 def _read_one(path: str, limits: Limits) -> dict[str, Any] | None:
@@ -166,10 +197,13 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
     except FileNotFoundError:
         names = []
     for name in names:
+        if (done := _FINAL_FILE.match(name)) is not None:
+            _read_final(os.path.join(directory, name), done.group(1), now, limits, out)
+            continue
         m = _STATE_FILE.match(name)
         if m is None:
             continue
-        if len(out.live) >= limits.max_files:
+        if len(out.live) + len(out.finished) >= limits.max_files:
             out.skipped += 1
             continue
         job_id = m.group(1)
@@ -184,6 +218,21 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
             out.live[job_id] = doc["families"]
     out.dead |= _dead_pid_files(run_dir) - set(out.live) - out.stale
     return out
+
+
+def _read_final(path: str, job_id: str, now: float, limits: Limits, out: JobStates) -> None:
+    """A finished job's stats: served while younger than ``linger_s``, then expired."""
+    if len(out.live) + len(out.finished) >= limits.max_files:
+        out.skipped += 1
+        return
+    doc = _read_one(path, limits)
+    ts = doc.get("ts") if doc is not None else None
+    if doc is None or doc.get("job_id") != job_id or not isinstance(ts, int | float):
+        out.skipped += 1
+    elif not abs(now - ts) <= limits.linger_s:  # (NaN too)
+        out.expired.append(path)
+    else:
+        out.finished[job_id] = doc["families"]
 
 
 def _dead_pid_files(run_dir: str) -> set[str]:

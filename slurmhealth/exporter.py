@@ -91,8 +91,12 @@ class NodeCollector(Collector):
         node = cfg.node_name
         run_dir = cfg.expand(cfg.paths.run_dir, node)
         mc = cfg.metrics
-        limits = Limits(mc.max_jobs, mc.max_state_bytes, stale_after(cfg.sidecar.interval_s))
+        limits = Limits(mc.max_jobs, mc.max_state_bytes, stale_after(cfg.sidecar.interval_s),
+                        mc.final_linger_s)  # fmt: skip
         states = read_states(run_dir, limits=limits)
+        for path in states.expired:  # a finished job's stats, served long enough
+            with contextlib.suppress(OSError):
+                os.unlink(path)
         if states.skipped:
             log.warning("%d state files skipped (unreadable, not root's, over limits)",
                         states.skipped)  # fmt: skip
@@ -105,7 +109,7 @@ class NodeCollector(Collector):
         read_history(facts, cfg.db_path(node))
         facts.fail_opens = read_fail_opens(cfg.expand(mc.fail_open_log, node))
         yield from node_families(facts)
-        yield from merged(states.live.values())
+        yield from merged([*states.live.values(), *states.finished.values()])
 
 
 def registry_for(configs: Callable[[], tuple[Config, bool]]) -> CollectorRegistry:

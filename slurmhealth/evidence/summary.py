@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from slurmhealth.evidence import bundle
 
@@ -55,6 +55,11 @@ def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
     return logs
 
 
+class Written(NamedTuple):
+    path: str  # the summary.json written
+    facts: NodeFacts  # what it holds
+
+
 def node_summary(
     cfg: Config, job_id: str, node: str, logs: Mapping[str, str] | None
 ) -> tuple[NodeFacts, int | None]:
@@ -82,9 +87,9 @@ def write_summary(
     logs: Mapping[str, str] | None = None,
     bundle_dir: str | None = None,
     uid: int | None = None,
-) -> str:
+) -> Written:
     """Write ``<evidence_dir>/<job_id>/<node>/summary.json`` (``NodeFacts.to_dict()``) with
-    the bundle's permissions; return its path. ``logs`` default: tails of the bundle's
+    the bundle's permissions; return its path and the facts. ``logs`` default: tails of the bundle's
     stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each. ``uid``
     default: the ``jobs`` row's."""
     path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
@@ -107,4 +112,4 @@ def write_summary(
         ctx = bundle.open_dir(parent, [name], owner)
     with ctx as dir_fd:
         bundle.write_file(dir_fd, bundle.SUMMARY, data, owner)
-    return os.path.join(path, bundle.SUMMARY)
+    return Written(os.path.join(path, bundle.SUMMARY), facts)

@@ -320,9 +320,14 @@ def _evidence(
             bundle_dir = result.dir
             log.info("evidence: %s (%d files, %.2f s)", result.dir, len(result.files),
                      result.elapsed_s)  # fmt: skip
-        write_summary(cfg, job.job_id, job.node, bundle_dir=bundle_dir, uid=job.uid)
+        written = write_summary(cfg, job.job_id, job.node, bundle_dir=bundle_dir, uid=job.uid)
     except Exception as exc:  # evidence is best effort: the epilog's verdict stands
         log.warning("evidence capture failed: %s: %s", type(exc).__name__, exc)
+        return
+    if cfg.sidecar.enabled:  # the job's stats, for a report made later from Prometheus
+        from slurmhealth.sidecar.lifecycle import publish_final
+
+        publish_final(cfg, job, written.facts.to_dict()["gpus"])
 
 
 def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:

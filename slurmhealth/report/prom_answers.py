@@ -4,6 +4,7 @@ points, each GPU's :class:`GpuStats`), kept apart so that each module stays smal
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
@@ -11,6 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats
+from slurmhealth.final_series import STATS
 from slurmhealth.history.rollups import HIST_WIDTH, util_bin
 from slurmhealth.prom_client import Labels, Matrix, Vector
 
@@ -110,16 +112,26 @@ def p5_of(answers: Mapping[str, Any], counts: Mapping[Key, float]) -> dict[Key, 
 
 def raw_series(util: Matrix, power: Matrix) -> dict[Key, Points]:
     """(ts, utilisation %, power W) per GPU from every sample, in time order."""
-    points: dict[Key, dict[float, list[float | None]]] = {}
-    for col, matrix, scale in ((0, util, 100.0), (1, power, 1.0)):
-        for labels, values in matrix:
-            if (key := key_of(labels)) is None:
-                continue
-            at = points.setdefault(key, {})
-            for ts, v in values:
-                if not math.isnan(v):
-                    at.setdefault(ts, [None, None])[col] = v * scale
-    return {key: [(ts, at[ts][0], at[ts][1]) for ts in sorted(at)] for key, at in points.items()}
+    cols = [_by_key(util, 100.0), _by_key(power, 1.0)]
+    out: dict[Key, Points] = {}
+    for key in cols[0].keys() | cols[1].keys():
+        u, p = cols[0].get(key, {}), cols[1].get(key, {})
+        if list(u) == list(p):  # the usual: both at every time, in time order
+            out[key] = list(zip(u, u.values(), p.values(), strict=True))
+            if any(a > b for a, b in itertools.pairwise(u)):
+                out[key].sort()
+        else:
+            out[key] = [(t, u.get(t), p.get(t)) for t in sorted(u.keys() | p.keys())]
+    return out
+
+
+def _by_key(matrix: Matrix, scale: float) -> dict[Key, dict[float, float]]:
+    """GPU -> time -> value x ``scale`` (NaN left out; a GPU's later series win a time)."""
+    out: dict[Key, dict[float, float]] = {}
+    for labels, values in matrix:
+        if (key := key_of(labels)) is not None:
+            out.setdefault(key, {}).update((t, v * scale) for t, v in values if v == v)
+    return out
 
 
 def strided_series(summed: Mapping[str, Summed], end: float) -> dict[Key, Points]:
@@ -180,3 +192,21 @@ def gpu_stats_of(
         nvlink_errors_delta=max(0, whole(v["nvlink"]) or 0),
         pcie_replays_delta=max(0, whole(v["replay"]) or 0),
     )
+
+
+_WHOLE = frozenset(f.name for f in dataclasses.fields(GpuStats) if f.type in ("int", "int | None"))
+
+
+def final_stats(stats: Vector, throttle: Vector) -> dict[Key, GpuStats]:
+    """Each GPU's stats as its node's epilog published them (``final_series``)."""
+    fields: dict[Key, dict[str, Any]] = {}
+    for labels, value in stats:
+        name = STATS.get(labels.get("stat", ""))
+        if name is None or (key := key_of(labels)) is None or math.isnan(value):
+            continue
+        got = fields.setdefault(key, {"uuid": labels.get("uuid") or None})
+        got[name] = round(value) if name in _WHOLE else value
+    for key, reasons in throttle_counts(throttle).items():
+        if key in fields:
+            fields[key]["throttle_seconds"] = reasons
+    return {key: GpuStats(gpu=key[1], **got) for key, got in fields.items()}

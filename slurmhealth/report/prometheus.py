@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
+from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import UsageError
 from slurmhealth.history.rollups import BUCKET_S, BUSY_PCT, IDLE_PCT
@@ -48,7 +49,9 @@ from slurmhealth.prom_client import Call, PromClient
 from slurmhealth.report.collect import HW_THROTTLE, MAX_SERIES
 from slurmhealth.report.prom_answers import (
     Key,
+    Points,
     Summed,
+    final_stats,
     gpu_stats_of,
     p5_of,
     per_gpu,
@@ -61,9 +64,16 @@ from slurmhealth.report.prom_answers import (
 
 P = "slurmhealth_"
 SLACK_S = 120.0  # the sidecar samples from the prolog to the epilog, around Slurm's times
+FINAL_S = 900.0  # after the job's end: when its nodes' epilogs publish its stats
 EDGE_S = 900.0  # the job's first and last minutes: counters' ends, the sampling step
 SWING_BUDGET = 300_000  # subquery evaluations (GPUs x steps) the swing count may cost
-MAX_P5_QUERIES = 16  # distinct sample counts given their exact rank; the rest: plain 5 %
+MAX_P5_QUERIES = 16
+# plot points of one job, all GPUs together (a 16-node x 8-GPU job keeps 300 per GPU; a
+# 64-node one 75, over strides of whole rollup buckets), never under MIN_PLOT_POINTS a GPU
+MAX_PLOT_POINTS, MIN_PLOT_POINTS = (
+    128 * MAX_SERIES,
+    60,
+)  # distinct sample counts given their exact rank; the rest: plain 5 %
 _JOB_ID = re.compile(r"[0-9A-Za-z_.+-]{1,64}")
 # the idle/busy mark as floor((u - idle) / span): -1 idle, 0 between, 1 busy (span nudged
 # up by 1e-7 so that exactly BUSY_PCT stays "between", as the history counts it)
@@ -99,7 +109,22 @@ class _Window:
     stride: int  # seconds per plot point (whole rollup buckets)
 
     def m(self, series: str, extra: str = "") -> str:
-        return f"{P}{series}{{{self.sel}{extra}}}"
+        name = series if series.startswith(P) else P + series
+        return f"{name}{{{self.sel}{extra}}}"
+
+    def on(self, nodes: Iterable[str], inside: bool) -> _Window:
+        """The window's series on ``nodes`` only (``inside``), or on every other node."""
+        nodes = set(nodes)
+        if not nodes:
+            return self
+        op = "=~" if inside else "!~"
+        return dataclasses.replace(self, sel=f"{self.sel},node{op}{_alternatives(nodes)}")
+
+    def strides(self) -> tuple[float, float]:
+        """The first and last plot times: tiled strides, each sample in exactly one
+        (``[t - stride + 1 ms, t]``, ms timestamps)."""
+        first = (math.floor((self.start - SLACK_S) / self.stride) + 1) * self.stride
+        return first, (math.floor(self.at / self.stride) + 1) * self.stride
 
 
 def _quote(text: str) -> str:
@@ -121,12 +146,85 @@ class PromSource:
         self.skipped: tuple[str, ...] = ()  # GpuStats fields the last call could not afford
 
     def gpu_stats(
-        self, job_id: str, start: float, end: float, *, series_points: int = MAX_SERIES
+        self,
+        job_id: str,
+        start: float,
+        end: float,
+        *,
+        series_points: int = MAX_SERIES,
+        final: bool = True,
     ) -> dict[str, tuple[GpuStats, ...]]:
         """Node -> its GPUs' stats (by index) over the job's window ``start``..``end`` (UTC
-        s), each with a plot series of at most ``series_points`` points (0: none)."""
+        s), each with a plot series of at most ``series_points`` points (0: none). The
+        stats a node's epilog published (``final_series``) are taken as they are; the other
+        nodes' are computed from their series (``final=False``: every node's)."""
         w = _window(job_id, start, end, series_points)
         deadline = time.monotonic() + self.timeout_s
+        done = self._final_stats(w, deadline) if final else {}
+        nodes = {node for node, _ in done}
+        rest = w.on(nodes, False)
+        out: dict[str, list[GpuStats]] = {}
+        if not done or self._has_series(rest, deadline):
+            out = self._series_stats(rest, series_points, deadline)
+        if done:
+            counts = {key: float(stats.samples) for key, stats in done.items()}
+            points = plot_points(series_points, len(done))
+            plots = self._plots(
+                _window(job_id, start, end, points).on(nodes, True), points, counts, deadline
+            )
+            for key, stats in sorted(done.items()):
+                series = tuple(plots.get(key, ()))
+                out.setdefault(key[0], []).append(dataclasses.replace(stats, series=series))
+        return {
+            node: tuple(sorted(gpus, key=lambda g: g.gpu)) for node, gpus in sorted(out.items())
+        }
+
+    def _final_stats(self, w: _Window, deadline: float) -> dict[Key, GpuStats]:
+        """The stats the nodes' epilogs published after the job (final_series)."""
+        at, span = w.end + FINAL_S, f"{FINAL_S + SLACK_S:.0f}s"
+        calls = {
+            name: partial(self.client.query, f"last_over_time({w.m(series)}[{span}])", at)
+            for name, series in (("stat", final_series.STAT), ("throttle", final_series.THROTTLE))
+        }
+        found = self.client.gather(calls, deadline)
+        return final_stats(found["stat"], found["throttle"])
+
+    def _has_series(self, w: _Window, deadline: float) -> bool:
+        """Whether any sidecar of the job exported series in ``w`` (one series per node)."""
+        expr = f"count(count_over_time({w.m('sidecar_samples_total')}[{w.span}]))"
+        calls: dict[str, Call] = {"n": partial(self.client.query, expr, w.at)}
+        return bool(self.client.gather(calls, deadline)["n"])
+
+    def _plots(
+        self, w: _Window, series_points: int, counts: Mapping[Key, float], deadline: float
+    ) -> dict[Key, Points]:
+        """Utilisation and power to plot: every sample of a job short enough, else the
+        mean of each stride (as the history's plots)."""
+        if series_points <= 0:
+            return {}
+        if max(counts.values(), default=0) <= series_points:
+            answers = self.client.gather(self._raw_calls(w), deadline)
+            return raw_series(answers["raw_util"], answers["raw_power"])
+        first, last = w.strides()
+        calls: dict[str, Call] = {
+            name: partial(self.client.query_range,
+                          f"avg_over_time({w.m(series)}[{w.stride * 1000 - 1}ms])",
+                          first, last, w.stride)
+            for name, series in _SUMMED.items()
+        }  # fmt: skip
+        answers = self.client.gather(calls, deadline)
+        plots = raw_series(answers["util"], answers["power"])
+        for pts in plots.values():  # the last strides end after the job: drawn at its end
+            i = len(pts) - 1
+            while i >= 0 and pts[i][0] > w.end:
+                pts[i] = (w.end, *pts[i][1:])
+                i -= 1
+        return plots
+
+    def _series_stats(
+        self, w: _Window, series_points: int, deadline: float
+    ) -> dict[str, list[GpuStats]]:
+        """Each GPU's stats computed from its series in ``w``."""
         first = self.client.gather(self._first_calls(w), deadline)
         values = {name: per_gpu(first[name], how) for name, (_, _, how) in _EXTREMES.items()}
         values.update({name: per_gpu(first[name], sum) for name in ("nvlink", "replay")})
@@ -169,7 +267,7 @@ class PromSource:
                 throttle_seconds={r: round(n * node_step, 1)
                                   for r, n in throttle.get(key, {}).items()},
             ))  # fmt: skip
-        return {node: tuple(gpus) for node, gpus in sorted(out.items())}
+        return out
 
     def _first_calls(self, w: _Window) -> dict[str, Call]:
         exprs = {
@@ -191,9 +289,7 @@ class PromSource:
         calls["steps"] = partial(
             self.client.query_samples, f"{w.m('sidecar_samples_total')}{edge}", w.at
         )
-        # tiled strides: each sample in exactly one ([t - stride + 1 ms, t], ms timestamps)
-        first = (math.floor((w.start - SLACK_S) / w.stride) + 1) * w.stride
-        last = (math.floor(w.at / w.stride) + 1) * w.stride
+        first, last = w.strides()
         for name, series in _SUMMED.items():
             for fn, suffix in (("sum_over_time", "sum"), ("count_over_time", "n")):
                 expr = f"{fn}({w.m(series)}[{w.stride * 1000 - 1}ms])"
@@ -250,6 +346,13 @@ class PromSource:
             f"raw_{name}": partial(self.client.query_samples, f"{w.m(series)}[{w.span}]", w.at)
             for name, series in _SUMMED.items()
         }
+
+
+def plot_points(series_points: int, gpus: int) -> int:
+    """Points per GPU's plot for a job of ``gpus`` GPUs (0: no plots)."""
+    if series_points <= 0:
+        return 0
+    return min(series_points, max(MIN_PLOT_POINTS, MAX_PLOT_POINTS // max(1, gpus)))
 
 
 def _window(job_id: str, start: float, end: float, points: int) -> _Window:

@@ -19,7 +19,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict
+from typing import Any
 
 from slurmhealth.config import Config
 from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
@@ -204,3 +206,25 @@ def _mapping_files(cfg: Config, node: str, job_id: str) -> list[str]:
             if fh.read(128).strip() == job_id:
                 found.append(path)
     return found
+
+
+def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> bool:
+    """Serve the finished job's per-GPU stats (``gpus``: as ``NodeFacts.to_dict()`` holds
+    them) through the node's exporter for ``metrics.final_linger_s`` (final_series); whether
+    they were published. Never raises."""
+    mc = cfg.metrics
+    gpus = list(gpus)
+    if not gpus or mc.final_linger_s <= 0:  # (the exporter's port may come from its argv)
+        return False
+    from slurmhealth.export_state import encode, write_final
+    from slurmhealth.final_series import families
+
+    files = SidecarFiles.of(cfg, job.node, job.job_id)
+    now = time.time()
+    try:
+        data = encode(families(job, job.node, gpus), job.job_id, os.getpid(), now)
+        write_final(files.run_dir, job.job_id, data, mc.final_linger_s, now)
+    except (OSError, ValueError) as exc:
+        log.warning("the job's stats were not published for Prometheus: %s", exc)
+        return False
+    return True

@@ -5,10 +5,11 @@ the data dir Prometheus then starts on (``tests.prometheus_util.start_prometheus
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 
 from slurmhealth.metrics import SidecarCollector, render
 from slurmhealth.model_records import ExportState
@@ -23,6 +24,21 @@ def scrape(state: ExportState) -> str:
     """The exposition text one scrape of ``state`` returns."""
     registry = CollectorRegistry()
     registry.register(SidecarCollector(lambda: state))
+    return render(registry).decode()
+
+
+class _Fixed:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def scrape_families(families: list[Metric]) -> str:
+    """The exposition text of ``families`` (e.g. a finished job's ``final_series``)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(families))  # type: ignore[arg-type]
     return render(registry).decode()
 
 

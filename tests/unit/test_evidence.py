@@ -309,7 +309,7 @@ def test_bundle_readable_by_root_admin_group_and_job_owner_only(
     cfg = make_cfg(admin_group=group)
     _owned(tmp_path / "nccl" / JOB / "r0.log", "x\n")
     result = capture(cfg, JOB, NODE, reason="test", uid=UID, budget_s=5)
-    summary = Path(write_summary(cfg, JOB, NODE, uid=UID))
+    summary = Path(write_summary(cfg, JOB, NODE, uid=UID).path)
     bundle = Path(result.dir)
     assert stat.S_IMODE((tmp_path / "evidence").stat().st_mode) == 0o711  # traverse only
     for d in (bundle.parent, bundle, bundle / "nccl"):
@@ -386,7 +386,7 @@ def test_summary_round_trips_through_node_facts(
     _prolog(cfg, time.time() - 60)
     err = _owned(tmp_path / "job.err", "x" * 20000 + "\nNCCL error: unhandled system error\n")
     capture(cfg, JOB, NODE, reason="test", uid=UID, stderr_path=err, budget_s=5)
-    path = write_summary(cfg, JOB, NODE)
+    path = write_summary(cfg, JOB, NODE).path
     data = json.loads(Path(path).read_text())
     facts = NodeFacts.from_dict(data)
     assert json.loads(json.dumps(facts.to_dict())) == data
@@ -401,7 +401,7 @@ def test_summary_round_trips_through_node_facts(
 
 def test_summary_without_history_or_bundle(make_cfg: Callable[..., Config]) -> None:
     cfg = make_cfg()
-    path = write_summary(cfg, "5", NODE)
+    path = write_summary(cfg, "5", NODE).path
     facts = NodeFacts.from_dict(json.loads(Path(path).read_text()))
     assert facts == NodeFacts(node=NODE)
 

@@ -99,6 +99,39 @@ def test_what_is_not_roots_own_is_never_read(
         es.state_path(str(tmp_path), "../../etc/passwd")
 
 
+def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(tmp_path: Path) -> None:
+    """done-<id>.json (the epilog's published stats): served without a live sidecar while
+    younger than linger_s, then listed as expired; the next publish removes the old ones."""
+    from slurmhealth.final_series import families
+    from slurmhealth.model_records import Job
+
+    def done(job: str, ts: float) -> None:
+        gpus = [{"gpu": 0, "uuid": "GPU-0", "samples": 10, "util_mean": 50.0}]
+        data = es.encode(families(Job(job_id=job, node="n1"), "n1", gpus), job, 1, ts)
+        es.write_final(str(tmp_path), job, data, 300, ts)
+        os.utime(es.final_path(str(tmp_path), job), (ts, ts))
+
+    now = time.time()
+    done("91", now - 10)  # just now
+    done("90", now - 400)  # published long ago (its publish removed nothing younger)
+    states = es.read_states(str(tmp_path), now=now, limits=es.Limits(linger_s=300))
+    assert set(states.finished) == {"91"} and not states.live and not states.dead
+    assert states.expired == [es.final_path(str(tmp_path), "90")]
+    (fam, _) = es.merged(states.finished.values())
+    assert [(s.labels["stat"], s.value) for s in fam.samples] == [
+        ("samples", 10.0), ("util_mean_percent", 50.0)]  # fmt: skip
+    assert fam.samples[0].labels["job_id"] == "91" and fam.samples[0].labels["uuid"] == "GPU-0"
+    future = es.read_states(str(tmp_path), now=now - 1000, limits=es.Limits(linger_s=300))
+    assert not future.finished  # a clock stepped back past the linger: not served forever
+    done("92", now)  # the next publish removes what expired
+    assert sorted(p.name for p in (tmp_path / "export").iterdir()) == [
+        "done-91.json", "done-92.json"]  # fmt: skip
+    few = es.read_states(str(tmp_path), now=now, limits=es.Limits(max_files=1, linger_s=300))
+    assert len(few.finished) == 1 and few.skipped == 1  # bounded like the live files
+    with pytest.raises(ValueError, match="job id"):
+        es.final_path(str(tmp_path), "../x")
+
+
 def test_families_of_several_jobs_merge_under_one_type_line() -> None:
     one = [{"name": "slurmhealth_x", "type": "gauge", "help": "h",
             "samples": [["slurmhealth_x", {"job_id": "1"}, 1.0]]}]  # fmt: skip

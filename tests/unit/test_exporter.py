@@ -4,6 +4,7 @@ simulated node start, crash and stop under them."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ port = {port}
 textfile_dir = "{tmp}/textfile"
 textfile_interval_s = 1.0
 fail_open_log = "{tmp}/fail-open.log"
+final_linger_s = 600
 """
 PROMETHEUS = """
 global:
@@ -157,6 +159,45 @@ def test_a_hung_sidecars_series_go_once_its_file_is_two_intervals_old(node: Node
         hung.send_signal(signal.SIGCONT)
         hung.terminate()
         hung.wait(10)
+
+
+def test_a_finished_jobs_published_stats_are_scraped_read_back_and_then_removed(
+    node: Node,
+) -> None:
+    """What the epilog publishes (sidecar.lifecycle.publish_final) reaches a real
+    Prometheus, a report reads it back as the same stats, and the exporter drops and
+    removes the file once it is older than final_linger_s."""
+    from slurmhealth.config import load_config
+    from slurmhealth.diagnose.facts import GpuStats
+    from slurmhealth.export_state import encode, final_path, write_final
+    from slurmhealth.final_series import families
+    from slurmhealth.model_records import Job
+    from slurmhealth.report.prometheus import PromSource
+    from slurmhealth.sidecar.lifecycle import publish_final
+
+    cfg = load_config(node.env["SLURMHEALTH_CONFIG"], env=node.env)
+    job = Job(job_id="604", node="node1", user="alice", priority=7)
+    stats = [GpuStats(gpu=g, uuid=f"GPU-{g}", samples=360, util_mean=55.5 + g, util_p5=50.0,
+                      util_min=3.0, util_max=99.0, util_swings=2, mem_peak_bytes=2**34,
+                      mem_total_bytes=80 * 2**30, power_mean_w=412.25, temp_max_c=71.0,
+                      margin_min_c=9.0, throttle_seconds={"hw_thermal": 40.0} if g == 1 else {},
+                      pcie_gen_min=5, pcie_width_min=16, nvlink_active_min=18,
+                      nvlink_errors_delta=g, pcie_replays_delta=0)
+             for g in range(2)]  # fmt: skip
+    t0 = time.time()
+    assert publish_final(cfg, job, [dataclasses.asdict(g) for g in stats])
+    promql = 'slurmhealth_job_gpu_stat{job_id="604",stat="util_mean_percent"}'
+    wait(lambda: len(node.series(promql)) == 2, 30, "Prometheus to scrape the job's stats")
+    (throttle,) = node.series('slurmhealth_job_gpu_throttle_seconds{job_id="604"}')
+    assert throttle["metric"]["reason"] == "hw_thermal"  # type: ignore[index]
+    got = PromSource(node.prometheus, 30).gpu_stats("604", t0 - 3600, t0)
+    assert got == {"node1": tuple(stats)}  # exactly; no series of the job: no plot
+    # older than final_linger_s (its time set back): dropped at the next scrape, removed
+    run_dir = str(node.tmp / "run")
+    old = time.time() - 601
+    write_final(run_dir, "604", encode(families(job, "node1", []), "604", 1, old), 600, old)
+    wait(lambda: not Path(final_path(run_dir, "604")).exists(), 30, "the file's removal")
+    assert "604" not in get_text(node.exporter_url)
 
 
 def test_stopping_the_exporter_takes_its_textfile_away(node: Node) -> None:

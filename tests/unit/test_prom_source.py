@@ -12,6 +12,7 @@ and PCIe replay counters, a GPU without a power reading.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import PrometheusError, UsageError
 from slurmhealth.history import Batch, History
@@ -31,11 +33,18 @@ from slurmhealth.report import prometheus
 from slurmhealth.report.collect import node_facts
 from slurmhealth.report.prometheus import PromSource
 from tests.prometheus_util import free_port, start_prometheus
-from tests.support.prom_backfill import backfill, scrape, stamped, write_openmetrics
+from tests.support.prom_backfill import (
+    backfill,
+    scrape,
+    scrape_families,
+    stamped,
+    write_openmetrics,
+)
 
 pytestmark = pytest.mark.prometheus
 
 JOB, NODES, GPUS, N, STEP = "4711", ("n1", "n2"), 4, 400, 10.0
+PUBLISHED = "n1"  # its epilog published the job's stats (final_series); n2's did not
 CONFIG = "global:\n  scrape_interval: 10s\n"
 
 
@@ -95,6 +104,11 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Backfilled]:
             scrapes.append((snap.ts, stamped(scrape(state), snap.ts)))
         with History(dbs[node]) as db:
             assert db.write(Batch(inserts=rows))
+    with Reader(dbs[PUBLISHED]) as db:
+        gpus = [asdict(g) for g in node_facts(db, JOB, PUBLISHED).gpus]
+    labels = Job(job_id=JOB, node=PUBLISHED, user="alice", priority=100)
+    final = scrape_families(final_series.families(labels, PUBLISHED, gpus))
+    scrapes += [(t0 + N * STEP + d, stamped(final, t0 + N * STEP + d)) for d in (15, 25)]
     scrapes.sort(key=lambda s: s[0])
     backfill(write_openmetrics(tmp / "job.om", (text for _, text in scrapes)), tmp / "tsdb")
     url, stop = start_prometheus(tmp, CONFIG)
@@ -118,8 +132,9 @@ def close(a: object, b: object) -> bool:
 
 
 def test_per_gpu_stats_equal_the_histories_within_one_percent(job: Backfilled) -> None:
+    """Computed from the series alone (no node published its stats)."""
     source = PromSource(job.url, 30)
-    got = source.gpu_stats(JOB, job.start, job.end)
+    got = source.gpu_stats(JOB, job.start, job.end, final=False)
     assert sorted(got) == list(NODES) and source.skipped == ()
     compared = [f.name for f in fields(GpuStats)
                 if f.name not in ("series", "nvlink_active_min", "mem_total_bytes")]  # fmt: skip
@@ -133,6 +148,22 @@ def test_per_gpu_stats_equal_the_histories_within_one_percent(job: Backfilled) -
             lost = (node, p.gpu) == ("n2", 1)  # framebuffer: read in the job's last minutes
             assert p.mem_total_bytes == (None if lost else 80 * 2**30)
             assert p.nvlink_active_min is None  # it holds the links down, not the links
+
+
+def test_published_stats_are_the_histories_and_the_rest_come_from_series(
+    job: Backfilled,
+) -> None:
+    """n1's epilog published its stats: they are taken as they are (equal to its
+    history's, the links and the framebuffer included); n2's come from its series."""
+    source = PromSource(job.url, 30)
+    got = source.gpu_stats(JOB, job.start, job.end)
+    assert sorted(got) == list(NODES)
+    for p, h in zip(got[PUBLISHED], history_stats(job, PUBLISHED), strict=True):
+        assert dataclasses.replace(p, series=()) == dataclasses.replace(h, series=())
+    from_series = source.gpu_stats(JOB, job.start, job.end, final=False)
+    assert got["n2"] == from_series["n2"]
+    assert got[PUBLISHED][0].nvlink_active_min == 4  # only the published stats know it
+    assert from_series[PUBLISHED][0].nvlink_active_min is None
 
 
 def test_the_samples_exercise_every_field(job: Backfilled) -> None:
@@ -150,9 +181,10 @@ def test_the_samples_exercise_every_field(job: Backfilled) -> None:
     assert n2[2].nvlink_active_min is None and n2[2].nvlink_errors_delta == 0
 
 
-def test_plot_series_follow_the_histories(job: Backfilled) -> None:
-    got = PromSource(job.url, 30).gpu_stats(JOB, job.start, job.end)["n1"][1]
-    want = history_stats(job, "n1")[1]
+@pytest.mark.parametrize("node", NODES)  # published stats, and stats from the series
+def test_plot_series_follow_the_histories(job: Backfilled, node: str) -> None:
+    got = PromSource(job.url, 30).gpu_stats(JOB, job.start, job.end)[node][0]
+    want = history_stats(job, node)[0]
     assert 0 < len(got.series) <= 300 and len(want.series) <= 300
 
     def mean(points: tuple[tuple[float, float | None, float | None], ...], col: int) -> float:
@@ -180,7 +212,7 @@ def test_swings_beyond_their_budget_are_named(
 ) -> None:
     monkeypatch.setattr(prometheus, "SWING_BUDGET", 1000)
     source = PromSource(job.url, 30)
-    got = source.gpu_stats(JOB, job.start, job.end)
+    got = source.gpu_stats(JOB, job.start, job.end, final=False)
     assert source.skipped == ("util_swings",)
     assert got["n1"][0].util_swings == 0 and got["n1"][0].util_mean is not None
 

@@ -1,0 +1,85 @@
+"""A finished job's per-GPU stats as series, for reports made later from Prometheus.
+
+A job's live series go within a scrape of its end (docs/metrics.md). A report made from
+Prometheus alone would have to read every sample of them: a week of a 64-node job is ~90
+million samples at a 60 s scrape, seconds of Prometheus' CPU per report. The epilog
+already holds the job's per-GPU stats (``summary.json``, from the history's rollups, O(GPUs)
+whatever the job's length), so it publishes them once more, for ``[metrics]
+final_linger_s`` after the job (long enough for several scrapes), as
+
+- ``slurmhealth_job_gpu_stat{<GPU labels>, stat="..."}``: one series per stat below (a stat
+  the node does not know, e.g. power on a GPU without a reading, has no series), the unit
+  at the end of the stat's name;
+- ``slurmhealth_job_gpu_throttle_seconds{<GPU labels>, reason="..."}``: seconds the GPU's
+  clocks were held down for a hardware reason.
+
+A report reads them with one small query (``report.prometheus``) and reads the raw series
+only for the nodes that published none (a node that went down, a scrape that was missed).
+The values are the history's own, so the two reports agree exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from slurmhealth.metrics import GPU_LABELS, job_label_values
+from slurmhealth.model_records import Job
+
+STAT = "slurmhealth_job_gpu_stat"
+THROTTLE = "slurmhealth_job_gpu_throttle_seconds"
+
+# stat label -> the field of the report's per-GPU stats (diagnose.facts.GpuStats) it holds,
+# in that field's unit (percent: the history's own, so the values round-trip exactly)
+STATS: dict[str, str] = {
+    "samples": "samples",
+    "util_mean_percent": "util_mean",
+    "util_p5_percent": "util_p5",
+    "util_min_percent": "util_min",
+    "util_max_percent": "util_max",
+    "util_swings": "util_swings",
+    "memory_peak_bytes": "mem_peak_bytes",
+    "memory_total_bytes": "mem_total_bytes",
+    "power_mean_watts": "power_mean_w",
+    "temperature_max_celsius": "temp_max_c",
+    "thermal_margin_min_celsius": "margin_min_c",
+    "pcie_link_gen_min": "pcie_gen_min",
+    "pcie_link_width_min": "pcie_width_min",
+    "nvlink_active_min": "nvlink_active_min",
+    "nvlink_errors": "nvlink_errors_delta",
+    "pcie_replay_errors": "pcie_replays_delta",
+}
+_STAT_HELP = (
+    "A finished job's per-GPU stat over the whole job (the node's history), published by "
+    "the epilog for [metrics] final_linger_s; the unit ends the stat's name"
+)
+_THROTTLE_HELP = (
+    "Seconds a finished job's GPU had its clocks held down for a hardware reason, "
+    "published by the epilog for [metrics] final_linger_s"
+)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def families(job: Job, node: str, gpus: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """The two families for ``gpus`` (per-GPU stats as ``NodeFacts.to_dict()`` holds them),
+    labelled as the job's live per-GPU series are (``metrics.GPU_LABELS``)."""
+    stat = GaugeMetricFamily(STAT, _STAT_HELP, labels=(*GPU_LABELS, "stat"))
+    throttle = GaugeMetricFamily(THROTTLE, _THROTTLE_HELP, labels=(*GPU_LABELS, "reason"))
+    job_values = job_label_values(job, node)
+    for g in gpus:
+        values = [*job_values, str(g.get("gpu", "")), str(g.get("uuid") or "")]
+        for name, field in STATS.items():
+            if (value := _number(g.get(field))) is not None:
+                stat.add_metric([*values, name], value)
+        for reason, seconds in sorted((g.get("throttle_seconds") or {}).items()):
+            if (value := _number(seconds)) is not None and value > 0:
+                throttle.add_metric([*values, str(reason)], value)
+    return [stat, throttle]
