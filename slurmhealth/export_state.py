@@ -101,6 +101,12 @@ def encode(metrics: Iterable[Metric], job_id: str, pid: int, ts: float) -> bytes
         }
         for m in metrics
     ]
+    return encode_families(fams, job_id, pid, ts)
+
+
+def encode_families(fams: list[dict[str, Any]], job_id: str, pid: int, ts: float) -> bytes:
+    """Families already in the state file's form (``name``, ``type``, ``help``,
+    ``samples`` as ``[name, labels, value]``)."""
     doc = {"format": FORMAT, "job_id": job_id, "pid": pid, "ts": ts, "families": fams}
     return json.dumps(doc, separators=(",", ":")).encode()
 

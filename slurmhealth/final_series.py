@@ -24,10 +24,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
-from slurmhealth.metrics import GPU_LABELS, job_label_values
-from slurmhealth.model_records import Job
+from slurmhealth.model_records import GPU_LABELS, Job, job_label_values
 
 STAT = "slurmhealth_job_gpu_stat"
 THROTTLE = "slurmhealth_job_gpu_throttle_seconds"
@@ -68,18 +65,24 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def families(job: Job, node: str, gpus: Iterable[Mapping[str, Any]]) -> list[Metric]:
+def families(job: Job, node: str, gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The two families for ``gpus`` (per-GPU stats as ``NodeFacts.to_dict()`` holds them),
-    labelled as the job's live per-GPU series are (``metrics.GPU_LABELS``)."""
-    stat = GaugeMetricFamily(STAT, _STAT_HELP, labels=(*GPU_LABELS, "stat"))
-    throttle = GaugeMetricFamily(THROTTLE, _THROTTLE_HELP, labels=(*GPU_LABELS, "reason"))
+    labelled as the job's live per-GPU series are (``GPU_LABELS``), in the form of a
+    sidecar's state file (``export_state``: built without prometheus_client, which the
+    epilog does not otherwise import)."""
+    stats: list[list[Any]] = []
+    throttle: list[list[Any]] = []
     job_values = job_label_values(job, node)
     for g in gpus:
-        values = [*job_values, str(g.get("gpu", "")), str(g.get("uuid") or "")]
+        labels = dict(zip(GPU_LABELS, (*job_values, str(g.get("gpu", "")),
+                                       str(g.get("uuid") or "")), strict=True))  # fmt: skip
         for name, field in STATS.items():
             if (value := _number(g.get(field))) is not None:
-                stat.add_metric([*values, name], value)
+                stats.append([STAT, {**labels, "stat": name}, value])
         for reason, seconds in sorted((g.get("throttle_seconds") or {}).items()):
             if (value := _number(seconds)) is not None and value > 0:
-                throttle.add_metric([*values, str(reason)], value)
-    return [stat, throttle]
+                throttle.append([THROTTLE, {**labels, "reason": str(reason)}, value])
+    return [
+        {"name": STAT, "type": "gauge", "help": _STAT_HELP, "samples": stats},
+        {"name": THROTTLE, "type": "gauge", "help": _THROTTLE_HELP, "samples": throttle},
+    ]

@@ -29,13 +29,11 @@ from prometheus_client.registry import Collector
 
 from slurmhealth.exposition import CONTENT_TYPE, render, serve
 from slurmhealth.model import CLOCK_EVENT_REASONS, GpuState, GpuStatus
-from slurmhealth.model_records import ExportState, Job
+from slurmhealth.model_records import GPU_LABELS, JOB_LABELS, ExportState, Job, job_label_values
 from slurmhealth.rdma.model import ERROR_COUNTERS
 
 __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "render", "serve"]
 
-JOB_LABELS = ("job_id", "user", "priority", "node")
-GPU_LABELS = (*JOB_LABELS, "gpu", "uuid")
 INFO_LABELS = (*JOB_LABELS, "account", "partition", "qos", "job_name", "gpus", "gpu_model")
 MODES = ("slurmhealth", "dcgm")
 
@@ -146,12 +144,6 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
 
 def _counter(name: str, doc: str, labels: tuple[str, ...]) -> CounterMetricFamily:
     return CounterMetricFamily(P + name, doc, labels=labels)
-
-
-def job_label_values(job: Job, node: str) -> tuple[str, ...]:
-    """The values of :data:`JOB_LABELS`; ``node`` stands in when the labels carry none."""
-    priority = "" if job.priority is None else str(job.priority)
-    return (job.job_id, job.user, priority, job.node or node)
 
 
 def _info_values(job: Job) -> tuple[str, ...]:

@@ -100,3 +100,14 @@ class ExportState:
     samples_total: int = 0
     started_ts: float = 0.0
     rdma: Any = None  # the node's judged RDMA ports (rdma.model.RdmaSnapshot); None = not read
+
+
+# the labels of a job's series (docs/metrics.md): per job, and per GPU
+JOB_LABELS = ("job_id", "user", "priority", "node")
+GPU_LABELS = (*JOB_LABELS, "gpu", "uuid")
+
+
+def job_label_values(job: Job, node: str) -> tuple[str, ...]:
+    """The values of :data:`JOB_LABELS`; ``node`` stands in when the labels carry none."""
+    priority = "" if job.priority is None else str(job.priority)
+    return (job.job_id, job.user, priority, job.node or node)

@@ -134,6 +134,12 @@ def _by_key(matrix: Matrix, scale: float) -> dict[Key, dict[float, float]]:
     return out
 
 
+def stride_end(t: float, end: float) -> float:
+    """The plot time of the stride evaluated at ``t`` (1 ms before its end: the end, a
+    whole second), never after the job's ``end``."""
+    return min(float(round(t)), end)
+
+
 def strided_series(summed: Mapping[str, Summed], end: float) -> dict[Key, Points]:
     """(ts, utilisation %, power W) per GPU: the means of each plot stride."""
     util, power = summed["util"], summed["power"]
@@ -141,7 +147,9 @@ def strided_series(summed: Mapping[str, Summed], end: float) -> dict[Key, Points
     for key in set(util.counts) | set(power.counts):
         u, p = util.at(key), power.at(key)
         times = sorted({*util.counts.get(key, ()), *power.counts.get(key, ())})
-        out[key] = [(min(t, end), None if (v := u(t)) is None else v * 100.0, p(t)) for t in times]
+        out[key] = [
+            (stride_end(t, end), None if (v := u(t)) is None else v * 100.0, p(t)) for t in times
+        ]
     return out
 
 

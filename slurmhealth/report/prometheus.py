@@ -57,6 +57,7 @@ from slurmhealth.report.prom_answers import (
     per_gpu,
     raw_series,
     sampling,
+    stride_end,
     strided_series,
     throttle_counts,
     uuids_of,
@@ -121,10 +122,13 @@ class _Window:
         return dataclasses.replace(self, sel=f"{self.sel},node{op}{_alternatives(nodes)}")
 
     def strides(self) -> tuple[float, float]:
-        """The first and last plot times: tiled strides, each sample in exactly one
-        (``[t - stride + 1 ms, t]``, ms timestamps)."""
+        """The first and last times to evaluate a stride's ``[stride - 1 ms]`` range at:
+        1 ms before each stride's end ``B``, so each covers ``[B - stride, B)`` (ms
+        timestamps), the history's rollup buckets when the stride is one: each sample in
+        exactly one, a sample on a bucket's edge in the bucket it starts. Reported at ``B``
+        (:func:`stride_end`)."""
         first = (math.floor((self.start - SLACK_S) / self.stride) + 1) * self.stride
-        return first, (math.floor(self.at / self.stride) + 1) * self.stride
+        return first - 0.001, (math.floor(self.at / self.stride) + 1) * self.stride - 0.001
 
 
 def _quote(text: str) -> str:
@@ -214,12 +218,8 @@ class PromSource:
         }  # fmt: skip
         answers = self.client.gather(calls, deadline)
         plots = raw_series(answers["util"], answers["power"])
-        for pts in plots.values():  # the last strides end after the job: drawn at its end
-            i = len(pts) - 1
-            while i >= 0 and pts[i][0] > w.end:
-                pts[i] = (w.end, *pts[i][1:])
-                i -= 1
-        return plots
+        return {key: [(stride_end(t, w.end), u, p) for t, u, p in pts]
+                for key, pts in plots.items()}  # fmt: skip
 
     def _series_stats(
         self, w: _Window, series_points: int, deadline: float

@@ -216,13 +216,13 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
     gpus = list(gpus)
     if not gpus or mc.final_linger_s <= 0:  # (the exporter's port may come from its argv)
         return False
-    from slurmhealth.export_state import encode, write_final
+    from slurmhealth.export_state import encode_families, write_final
     from slurmhealth.final_series import families
 
     files = SidecarFiles.of(cfg, job.node, job.job_id)
     now = time.time()
     try:
-        data = encode(families(job, job.node, gpus), job.job_id, os.getpid(), now)
+        data = encode_families(families(job, job.node, gpus), job.job_id, os.getpid(), now)
         write_final(files.run_dir, job.job_id, data, mc.final_linger_s, now)
     except (OSError, ValueError) as exc:
         log.warning("the job's stats were not published for Prometheus: %s", exc)

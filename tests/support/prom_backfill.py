@@ -7,10 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
+from slurmhealth.export_state import merged
 from slurmhealth.metrics import SidecarCollector, render
 from slurmhealth.model_records import ExportState
 from tests.prometheus_util import promtool
@@ -35,10 +37,11 @@ class _Fixed:
         return iter(self.families)
 
 
-def scrape_families(families: list[Metric]) -> str:
-    """The exposition text of ``families`` (e.g. a finished job's ``final_series``)."""
+def scrape_families(families: list[dict[str, Any]]) -> str:
+    """The exposition text the exporter serves for ``families`` in the state file's form
+    (e.g. a finished job's ``final_series``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(families))  # type: ignore[arg-type]
+    registry.register(_Fixed(merged([families])))  # type: ignore[arg-type]
     return render(registry).decode()
 
 

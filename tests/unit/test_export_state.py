@@ -107,7 +107,7 @@ def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(tmp_path:
 
     def done(job: str, ts: float) -> None:
         gpus = [{"gpu": 0, "uuid": "GPU-0", "samples": 10, "util_mean": 50.0}]
-        data = es.encode(families(Job(job_id=job, node="n1"), "n1", gpus), job, 1, ts)
+        data = es.encode_families(families(Job(job_id=job, node="n1"), "n1", gpus), job, 1, ts)
         es.write_final(str(tmp_path), job, data, 300, ts)
         os.utime(es.final_path(str(tmp_path), job), (ts, ts))
 

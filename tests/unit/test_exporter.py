@@ -169,7 +169,7 @@ def test_a_finished_jobs_published_stats_are_scraped_read_back_and_then_removed(
     removes the file once it is older than final_linger_s."""
     from slurmhealth.config import load_config
     from slurmhealth.diagnose.facts import GpuStats
-    from slurmhealth.export_state import encode, final_path, write_final
+    from slurmhealth.export_state import encode_families, final_path, write_final
     from slurmhealth.final_series import families
     from slurmhealth.model_records import Job
     from slurmhealth.report.prometheus import PromSource
@@ -195,7 +195,8 @@ def test_a_finished_jobs_published_stats_are_scraped_read_back_and_then_removed(
     # older than final_linger_s (its time set back): dropped at the next scrape, removed
     run_dir = str(node.tmp / "run")
     old = time.time() - 601
-    write_final(run_dir, "604", encode(families(job, "node1", []), "604", 1, old), 600, old)
+    data = encode_families(families(job, "node1", []), "604", 1, old)
+    write_final(run_dir, "604", data, 600, old)
     wait(lambda: not Path(final_path(run_dir, "604")).exists(), 30, "the file's removal")
     assert "604" not in get_text(node.exporter_url)
 
