@@ -2,7 +2,12 @@
 (docs/metrics.md), for a report made where no node history is in reach (a login node).
 
 :meth:`PromSource.gpu_stats` gives the :class:`GpuStats` the node histories give
-(``report.collect``), field by field the same definitions, from range functions over the
+(``report.collect``). First the stats each node's epilog published after the job
+(``final_series``: the history's own numbers, two small queries whatever the job's
+length), taken as they are, with plots of each stride's mean (``avg_over_time``; at most
+:data:`MAX_PLOT_POINTS` a job). The nodes that published nothing (down before their
+epilog, a missed scrape, a job still running) get field by field the same definitions
+from range functions over the
 job's window (Slurm's start and end, :data:`SLACK_S` wider either side: the sidecar samples
 from the prolog to the epilog). Each reads every sample of one series kind once, so the
 queries are chosen to read as few as the definitions allow:

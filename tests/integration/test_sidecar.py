@@ -46,6 +46,9 @@ def _sidecar_pids(job_id: str) -> list[int]:
     return pids
 
 
+PUBLISHED = ("slurmhealth_job_gpu_stat", "slurmhealth_job_gpu_throttle_seconds")
+
+
 def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -151,9 +154,19 @@ def test_job_series_come_and_go_through_one_static_target_per_node(fleet: Fleet)
     t1 = time.monotonic()
     _wait(lambda: not fleet.series(promql), 10, "the job's series to vanish")
     assert time.monotonic() - t1 <= WITHIN_S + 2.0  # the epilog's run, then one scrape
-    _wait(lambda: needle not in get_text(fleet.node_exporter), WITHIN_S + 2.0,
+
+    def live(text: str) -> list[str]:  # the job's lines but its published stats
+        return [line for line in text.splitlines()
+                if needle in line and not line.startswith(PUBLISHED)]  # fmt: skip
+
+    _wait(lambda: not live(get_text(fleet.node_exporter)), WITHIN_S + 2.0,
           "the textfile series to vanish")  # fmt: skip
     assert not state_file.exists()
+    # what stays: the job's per-GPU stats its epilog published (final_series), for a report
+    published = f'slurmhealth_job_gpu_stat{{job_id="{job.job_id}",stat="samples"}}'
+    stats = _wait(lambda: fleet.series(published), 10, "the published stats in Prometheus")
+    assert sorted(int(r["metric"]["gpu"]) for r in stats) == list(range(8))
+    assert all(int(r["value"][1]) >= 5 for r in stats)  # a sample a second of the job
     _wait(lambda: not _sidecar_pids(job.job_id), 10, "the sidecar process to go")
     with sqlite3.connect(cluster.node_db("n2")) as conn:
         (n,) = conn.execute(
