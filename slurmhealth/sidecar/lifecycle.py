@@ -219,12 +219,13 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
     from slurmhealth.export_state import encode_families, write_final
     from slurmhealth.final_series import families
 
-    files = SidecarFiles.of(cfg, job.node, job.job_id)
     now = time.time()
     try:
+        files = SidecarFiles.of(cfg, job.node, job.job_id)
         data = encode_families(families(job, job.node, gpus), job.job_id, os.getpid(), now)
         write_final(files.run_dir, job.job_id, data, mc.final_linger_s, now)
-    except (OSError, ValueError) as exc:
-        log.warning("the job's stats were not published for Prometheus: %s", exc)
+    except Exception as exc:  # best effort, like the evidence: the epilog's verdict stands
+        log.warning("the job's stats were not published for Prometheus: %s: %s",
+                    type(exc).__name__, exc)  # fmt: skip
         return False
     return True

@@ -132,6 +132,28 @@ def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(tmp_path:
         es.final_path(str(tmp_path), "../x")
 
 
+def test_publishing_a_finished_jobs_stats_never_fails_the_epilog(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from slurmhealth.config import load_config
+    from slurmhealth.model_records import Job
+    from slurmhealth.sidecar.lifecycle import publish_final
+
+    cfg_path = tmp_path / "c.toml"
+    cfg_path.write_text(f'[paths]\nrun_dir = "{tmp_path}/run"\n')
+    cfg = load_config(str(cfg_path), env={})
+    job, gpus = Job(job_id="93", node="n1"), [{"gpu": 0, "samples": 5}]
+    assert publish_final(cfg, job, gpus)
+    assert (tmp_path / "run" / "export" / "done-93.json").exists()
+    (tmp_path / "run" / "export").chmod(0o777)  # anyone could plant files: not written
+    assert not publish_final(cfg, Job(job_id="94", node="n1"), gpus)
+    assert "not published for Prometheus: UnsafeDir" in caplog.text
+    assert not publish_final(cfg, job, [])  # nothing known of the GPUs: nothing to serve
+    cfg_path.write_text(cfg_path.read_text() + "[metrics]\nfinal_linger_s = 0\n")
+    off = load_config(str(cfg_path), env={})
+    assert off.metrics.final_linger_s == 0 and not publish_final(off, job, gpus)
+
+
 def test_families_of_several_jobs_merge_under_one_type_line() -> None:
     one = [{"name": "slurmhealth_x", "type": "gauge", "help": "h",
             "samples": [["slurmhealth_x", {"job_id": "1"}, 1.0]]}]  # fmt: skip
