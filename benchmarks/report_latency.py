@@ -21,12 +21,12 @@ report's JSON from it (Python start, imports, queries, diagnosis, assembly, JSON
 CPU seconds each gpu_stats costs Prometheus and the client; then gpu_stats once more with
 no published stats used (every node's computed from its series), and the largest
 difference between the two answers per field. Target: median <= 2 s.
-Measured 2026-12-01 on the 2-core development VM (load average ~2): gpu_stats median
-0.72 s, the report process 1.04 s (max 1.22 s of 11), Prometheus 0.68 s and the client
-0.31 s of CPU per call; from the series alone 3.5 s (before the stats were published,
+Measured 2026-12-01 on the 2-core development VM (load average ~1): gpu_stats median
+0.70 s, the report process 0.98 s (max 1.10 s of 11), Prometheus 0.69 s and the client
+0.35 s of CPU per call; from the series alone 3.5 s (before the stats were published,
 every report took that path: 2.2-2.7 s then, 2.4 s for the process at best). The two
 answers agree on every field but util_swings (not computed from the series at this size).
-The local-history mode: 0.21 s (3 nodes x 24 h).
+The local-history mode: 0.26 s (3 nodes x 24 h; 0.22 s from the epilog summaries).
 Not part of the test run.
 """
 
