@@ -119,14 +119,26 @@ def write_state(run_dir: str, job_id: str, data: bytes) -> None:
 
 
 def write_final(run_dir: str, job_id: str, data: bytes, linger_s: float, now: float) -> None:
-    """Publish a finished job's stats file, and remove the ones older than ``linger_s``
-    (the node's exporter removes them too; this keeps the directory bounded without it)."""
+    """Publish a finished job's stats file, and remove the ones older than ``linger_s``."""
     path = final_path(run_dir, job_id)
     directory = os.path.dirname(path)
     check_dir(directory, create=True)
     write_atomic(directory, os.path.basename(path), data)
-    for name in os.listdir(directory):
-        if _FINAL_FILE.match(name) and name != os.path.basename(path):
+    remove_expired_finals(run_dir, linger_s, now, keep=os.path.basename(path))
+
+
+def remove_expired_finals(run_dir: str, linger_s: float, now: float, keep: str = "") -> None:
+    """Remove the finished jobs' stats files older than ``linger_s`` (all of them at 0): the
+    node's exporter removes them too; the epilog does it so that the directory stays
+    bounded without one, and after publishing was turned off."""
+    directory = state_dir(run_dir)
+    try:
+        check_dir(directory, create=False)
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if _FINAL_FILE.match(name) and name != keep:
             old = os.path.join(directory, name)
             with contextlib.suppress(OSError):
                 if now - os.lstat(old).st_mtime > linger_s:

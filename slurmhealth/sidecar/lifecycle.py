@@ -212,16 +212,17 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
     """Serve the finished job's per-GPU stats (``gpus``: as ``NodeFacts.to_dict()`` holds
     them) through the node's exporter for ``metrics.final_linger_s`` (final_series); whether
     they were published. Never raises."""
-    mc = cfg.metrics
-    gpus = list(gpus)
-    if not gpus or mc.final_linger_s <= 0:  # (the exporter's port may come from its argv)
-        return False
-    from slurmhealth.export_state import encode_families, write_final
+    from slurmhealth.export_state import encode_families, remove_expired_finals, write_final
     from slurmhealth.final_series import families
 
+    mc = cfg.metrics
+    gpus = list(gpus)
     now = time.time()
     try:
         files = SidecarFiles.of(cfg, job.node, job.job_id)
+        if not gpus or mc.final_linger_s <= 0:  # (the exporter's port may come from argv)
+            remove_expired_finals(files.run_dir, mc.final_linger_s, now)  # (turned off?)
+            return False
         data = encode_families(families(job, job.node, gpus), job.job_id, os.getpid(), now)
         write_final(files.run_dir, job.job_id, data, mc.final_linger_s, now)
     except Exception as exc:  # best effort, like the evidence: the epilog's verdict stands

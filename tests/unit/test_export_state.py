@@ -149,9 +149,12 @@ def test_publishing_a_finished_jobs_stats_never_fails_the_epilog(
     assert not publish_final(cfg, Job(job_id="94", node="n1"), gpus)
     assert "not published for Prometheus: UnsafeDir" in caplog.text
     assert not publish_final(cfg, job, [])  # nothing known of the GPUs: nothing to serve
+    (tmp_path / "run" / "export").chmod(0o750)
     cfg_path.write_text(cfg_path.read_text() + "[metrics]\nfinal_linger_s = 0\n")
     off = load_config(str(cfg_path), env={})
     assert off.metrics.final_linger_s == 0 and not publish_final(off, job, gpus)
+    # turned off: what was published before goes with the next epilog, exporter or not
+    assert not list((tmp_path / "run" / "export").iterdir())
 
 
 def test_families_of_several_jobs_merge_under_one_type_line() -> None:
