@@ -215,9 +215,6 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
     except FileNotFoundError:
         names = []
     for name in names:
-        if (done := _FINAL_FILE.match(name)) is not None:
-            _read_final(os.path.join(directory, name), done.group(1), now, limits, out)
-            continue
         m = _STATE_FILE.match(name)
         if m is None:
             continue
@@ -235,6 +232,9 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
         else:
             out.live[job_id] = doc["families"]
     out.dead |= _dead_pid_files(run_dir) - set(out.live) - out.stale
+    for name in names:  # after every running job's: those come first within max_files
+        if (done := _FINAL_FILE.match(name)) is not None:
+            _read_final(os.path.join(directory, name), done.group(1), now, limits, out)
     return out
 
 

@@ -89,9 +89,9 @@ def write_summary(
     uid: int | None = None,
 ) -> Written:
     """Write ``<evidence_dir>/<job_id>/<node>/summary.json`` (``NodeFacts.to_dict()``) with
-    the bundle's permissions; return its path and the facts. ``logs`` default: tails of the bundle's
-    stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each. ``uid``
-    default: the ``jobs`` row's."""
+    the bundle's permissions; return its path and the facts. ``logs`` default: tails of
+    the bundle's stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each.
+    ``uid`` default: the ``jobs`` row's."""
     path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
     cap = cfg.evidence.summary_log_kib * 1024
     have_manifest = False

@@ -29,6 +29,11 @@ def sidecar() -> Iterator[subprocess.Popen[bytes]]:
     """A process whose argv looks like job 77's sidecar (what sidecar_alive checks)."""
     code = "import time; time.sleep(60)"
     proc = subprocess.Popen([sys.executable, "-c", code, "sidecar", "--job", "77"])
+    # the parent runs on while the kernel still sets up the child's argv after exec (an
+    # empty /proc/PID/cmdline 140 times in 200 right after Popen on a busy machine)
+    deadline = time.monotonic() + 30
+    while not es.sidecar_alive(proc.pid, "77") and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield proc
     proc.kill()
     proc.wait()
@@ -99,7 +104,9 @@ def test_what_is_not_roots_own_is_never_read(
         es.state_path(str(tmp_path), "../../etc/passwd")
 
 
-def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(tmp_path: Path) -> None:
+def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(
+    tmp_path: Path, sidecar: subprocess.Popen[bytes]
+) -> None:
     """done-<id>.json (the epilog's published stats): served without a live sidecar while
     younger than linger_s, then listed as expired; the next publish removes the old ones."""
     from slurmhealth.final_series import families
@@ -128,6 +135,9 @@ def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(tmp_path:
         "done-91.json", "done-92.json"]  # fmt: skip
     few = es.read_states(str(tmp_path), now=now, limits=es.Limits(max_files=1, linger_s=300))
     assert len(few.finished) == 1 and few.skipped == 1  # bounded like the live files
+    publish(tmp_path, "77", sidecar.pid)  # a running job comes first within the bound
+    few = es.read_states(str(tmp_path), now=now, limits=es.Limits(max_files=1, linger_s=300))
+    assert set(few.live) == {"77"} and not few.finished and few.skipped == 2
     with pytest.raises(ValueError, match="job id"):
         es.final_path(str(tmp_path), "../x")
 
