@@ -11,7 +11,7 @@ import dataclasses
 import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.evidence import bundle
 
@@ -57,7 +57,7 @@ def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
 
 class Written(NamedTuple):
     path: str  # the summary.json written
-    facts: NodeFacts  # what it holds
+    summary: dict[str, Any]  # what it holds (NodeFacts.to_dict())
 
 
 def node_summary(
@@ -89,7 +89,7 @@ def write_summary(
     uid: int | None = None,
 ) -> Written:
     """Write ``<evidence_dir>/<job_id>/<node>/summary.json`` (``NodeFacts.to_dict()``) with
-    the bundle's permissions; return its path and the facts. ``logs`` default: tails of
+    the bundle's permissions; return its path and what it holds. ``logs`` default: tails of
     the bundle's stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each.
     ``uid`` default: the ``jobs`` row's."""
     path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
@@ -104,7 +104,8 @@ def write_summary(
     facts = dataclasses.replace(facts, bundle_dir=path if have_manifest else None)
     gid, _ = bundle.admin_gid(cfg.evidence.admin_group)
     owner = bundle.Owner(uid if uid is not None else row_uid, gid)
-    data = (json.dumps(facts.to_dict(), indent=1, default=str) + "\n").encode()
+    summary = facts.to_dict()
+    data = (json.dumps(summary, indent=1, default=str) + "\n").encode()
     if bundle_dir is None:
         ctx = bundle.open_bundle(cfg, job_id, node, owner)
     else:
@@ -112,4 +113,4 @@ def write_summary(
         ctx = bundle.open_dir(parent, [name], owner)
     with ctx as dir_fd:
         bundle.write_file(dir_fd, bundle.SUMMARY, data, owner)
-    return Written(os.path.join(path, bundle.SUMMARY), facts)
+    return Written(os.path.join(path, bundle.SUMMARY), summary)

@@ -36,8 +36,6 @@ _EXTREMES: dict[str, tuple[str, Any]] = {
 }  # fmt: skip
 _SUMS = {"util": "util_pct", "power": "power_w"}  # <name>_n, <name>_sum
 HIST = tuple(f"h{i}" for i in range(100 // HIST_WIDTH + 1))
-
-
 REASONS = {f"r_{name}": bit for name, bit in CLOCK_EVENT_REASONS.items()}
 _COUNTS = ("n", "util_n", "power_n", "swings", *HIST, *REASONS)  # summed when merged
 KEY = ("job_id", "node", "gpu", "bucket")

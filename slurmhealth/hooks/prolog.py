@@ -327,7 +327,7 @@ def _evidence(
     if cfg.sidecar.enabled:  # the job's stats, for a report made later from Prometheus
         from slurmhealth.sidecar.lifecycle import publish_final
 
-        publish_final(cfg, job, written.facts.to_dict()["gpus"])
+        publish_final(cfg, job, written.summary["gpus"])
 
 
 def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:

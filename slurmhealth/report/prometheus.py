@@ -115,8 +115,7 @@ class _Window:
     stride: int  # seconds per plot point (whole rollup buckets)
 
     def m(self, series: str, extra: str = "") -> str:
-        name = series if series.startswith(P) else P + series
-        return f"{name}{{{self.sel}{extra}}}"
+        return f"{P}{series}{{{self.sel}{extra}}}"
 
     def on(self, nodes: Iterable[str], inside: bool) -> _Window:
         """The window's series on ``nodes`` only (``inside``), or on every other node."""
@@ -169,6 +168,7 @@ class PromSource:
         nodes' are computed from their series (``final=False``: every node's)."""
         w = _window(job_id, start, end, series_points)
         deadline = time.monotonic() + self.timeout_s
+        self.skipped = ()  # (only the series path skips a field)
         done = self._final_stats(w, deadline) if final else {}
         nodes = {node for node, _ in done}
         rest = w.on(nodes, False)
@@ -192,8 +192,8 @@ class PromSource:
         """The stats the nodes' epilogs published after the job (final_series)."""
         at, span = w.end + FINAL_S, f"{FINAL_S + SLACK_S:.0f}s"
         calls = {
-            name: partial(self.client.query, f"last_over_time({w.m(series)}[{span}])", at)
-            for name, series in (("stat", final_series.STAT), ("throttle", final_series.THROTTLE))
+            name: partial(self.client.query, f"last_over_time({family}{{{w.sel}}}[{span}])", at)
+            for name, family in (("stat", final_series.STAT), ("throttle", final_series.THROTTLE))
         }
         found = self.client.gather(calls, deadline)
         return final_stats(found["stat"], found["throttle"])
