@@ -10,6 +10,7 @@ SLURMHEALTH_KEEP_CLUSTER=1).
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import re
@@ -27,6 +28,8 @@ CLUSTER_SCRIPT = REPO / "scripts" / "cluster"
 SCENARIOS = REPO / "scenarios"
 HERE = Path(__file__).resolve().parent
 POLL_S = 0.2
+# taken for a whole test session that uses the cluster (see `cluster`)
+CLUSTER_LOCK = "/run/lock/slurmhealth-cluster.lock"
 TERMINAL_STATES = frozenset(
     {
         "COMPLETED",
@@ -338,6 +341,10 @@ def cluster() -> Iterator[Cluster]:
         if shutil.which(tool) is None:
             _unavailable(f"{tool} is not available")
 
+    # one machine has one cluster (/etc/slurm, fixed ports): a second test session (another
+    # checkout) waits here until the first is done with it instead of rewriting it under it
+    lock = open(CLUSTER_LOCK, "a")  # noqa: SIM115 (held for the whole session)
+    fcntl.flock(lock, fcntl.LOCK_EX)
     state_dir = Path(os.environ.get("SLURMHEALTH_CLUSTER_DIR", "/var/tmp/slurmhealth-cluster"))
     was_up = (
         had_slurm and _run([str(CLUSTER_SCRIPT), "status"], check=False, timeout=30).returncode == 0
@@ -359,6 +366,7 @@ def cluster() -> Iterator[Cluster]:
     yield c
     if not was_up and os.environ.get("SLURMHEALTH_KEEP_CLUSTER", "") != "1":
         _run([str(CLUSTER_SCRIPT), "down"], check=False, timeout=120)
+    lock.close()
 
 
 @pytest.fixture
