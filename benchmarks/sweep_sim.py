@@ -33,7 +33,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 from slurmhealth.sweep import plan
-from slurmhealth.sweep.model import Result, Test
+from slurmhealth.sweep.model import Planned, Result
 from slurmhealth.sweep.verdict import Verdict, judge
 from tests.support.sweep_fabric import Fabric
 
@@ -52,7 +52,7 @@ def _trial(n: int, fault: str, args: argparse.Namespace, rng: random.Random) -> 
         fabric.link_fault[target] = args.severity
     rounds: list[int] = []
 
-    def measure(batch: list[Test]) -> list[Result]:
+    def measure(batch: list[Planned]) -> list[Result]:
         rounds.append(len(batch))
         return fabric.measure(batch)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from slurmhealth.baseline.model import BaselineParseError, Measurement, ParseResult
 from slurmhealth.baseline.parsers import parse
-from slurmhealth.sweep.model import Result, Test
+from slurmhealth.sweep.model import Planned, Result
 
 _MARK = re.compile(r"^### slurmhealth-sweep (end )?test=(\w+)(?: hca=([\w.-]{1,40}))?(.*)$")
 _RC = re.compile(r"\brc=(\d{1,3})\b")
@@ -59,7 +59,7 @@ def headline(test: str, result: ParseResult) -> Measurement | None:
 
 
 def results_of(
-    test: Test, job_id: str, state: str, text: str, error: str, ts: float
+    test: Planned, job_id: str, state: str, text: str, error: str, ts: float
 ) -> list[Result]:
     """One result per test the job ran; a test that measured nothing has ``value`` None and
     says why (the job's state, the tool's own words, the parser's)."""

@@ -16,7 +16,7 @@ def unit_key(nodes: tuple[str, ...] | list[str]) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
-class Test:
+class Planned:
     """One planned job: ``nodes`` (one: the node alone; two: a pair) in ``round``;
     ``attempt`` 2 and up repeat a unit that looked slow."""
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from slurmhealth.sweep.model import Result, Test, unit_key
+from slurmhealth.sweep.model import Planned, Result, unit_key
 from slurmhealth.sweep.verdict import Verdict
 
 DEFAULT_MAX_ROUNDS = 5
@@ -52,22 +52,22 @@ def matching_rounds(nodes: Sequence[str], rounds: int) -> list[list[tuple[str, s
 
 def base_plan(
     nodes: Sequence[str], tests: Sequence[str], rounds: int | None = None
-) -> list[list[Test]]:
+) -> list[list[Planned]]:
     """Round 0: every node alone (nccl: its NVLink busbw; ib has no single-node test);
     rounds 1..R: the matchings, each pair job running every test asked for."""
     ordered = sorted(dict.fromkeys(nodes))
     count = default_rounds(len(ordered)) if rounds is None else rounds
-    plan: list[list[Test]] = []
+    plan: list[list[Planned]] = []
     if "nccl" in tests:
-        plan.append([Test((n,), 0, 1, ("nccl",)) for n in ordered])
+        plan.append([Planned((n,), 0, 1, ("nccl",)) for n in ordered])
     for r, pairs in enumerate(matching_rounds(ordered, count), 1):
-        plan.append([Test(p, r, 1, tuple(tests)) for p in pairs])
+        plan.append([Planned(p, r, 1, tuple(tests)) for p in pairs])
     return plan
 
 
-def pack(tests: Iterable[Test], first_round: int) -> list[list[Test]]:
+def pack(tests: Iterable[Planned], first_round: int) -> list[list[Planned]]:
     """``tests`` in rounds where no node is in two tests (greedy, in the order given)."""
-    rounds: list[tuple[set[str], list[Test]]] = []
+    rounds: list[tuple[set[str], list[Planned]]] = []
     for t in tests:
         for busy, batch in rounds:
             if busy.isdisjoint(t.nodes):
@@ -77,7 +77,7 @@ def pack(tests: Iterable[Test], first_round: int) -> list[list[Test]]:
         else:
             rounds.append((set(t.nodes), [t]))
     return [
-        [Test(t.nodes, first_round + i, t.attempt, t.tests) for t in batch]
+        [Planned(t.nodes, first_round + i, t.attempt, t.tests) for t in batch]
         for i, (_, batch) in enumerate(rounds)
     ]
 
@@ -122,7 +122,7 @@ def _looks_bad(verdict: Verdict) -> set[str]:
     return {n for n, k in slow.items() if k >= 2 and k * 2 > met[n]}
 
 
-def followups(verdict: Verdict, nodes: Sequence[str], first_round: int) -> list[list[Test]]:
+def followups(verdict: Verdict, nodes: Sequence[str], first_round: int) -> list[list[Planned]]:
     """The next stage: a repeat of every unit that looked slow once (attempt + 1), and for
     each endpoint of a slow pair that met fewer than :data:`MIN_PARTNERS` partners a pair
     with a node it has not met whose own tests were all fine. [] when nothing is left."""
@@ -146,7 +146,7 @@ def followups(verdict: Verdict, nodes: Sequence[str], first_round: int) -> list[
             met.setdefault(x, set()).add(y)
             met.setdefault(y, set()).add(x)
             wanted.setdefault((unit_key((x, y)), 1), set()).add(u.test)
-    tests = [Test(k, 0, a, tuple(sorted(ts))) for (k, a), ts in sorted(wanted.items())]
+    tests = [Planned(k, 0, a, tuple(sorted(ts))) for (k, a), ts in sorted(wanted.items())]
     return pack(tests, first_round)
 
 
@@ -162,7 +162,7 @@ def drive(
     nodes: Sequence[str],
     tests: Sequence[str],
     rounds: int | None,
-    measure: Callable[[list[Test]], list[Result]],
+    measure: Callable[[list[Planned]], list[Result]],
     judge: Callable[[list[Result]], Verdict],
     progress: Callable[[str], None] = lambda _line: None,
 ) -> Driven:

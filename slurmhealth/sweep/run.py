@@ -20,7 +20,7 @@ from slurmhealth.config import Config
 from slurmhealth.errors import StoreError, UsageError
 from slurmhealth.slurm import BatchJob, NodeInfo, SlurmBackend
 from slurmhealth.sweep import ingest, plan, submit
-from slurmhealth.sweep.model import Result, Test
+from slurmhealth.sweep.model import Planned, Result
 from slurmhealth.sweep.verdict import Verdict, judge
 
 log = logging.getLogger("slurmhealth.sweep")
@@ -97,7 +97,7 @@ def run_sweep(
     switches = slurm.leaf_switches()
     pinned = _pinned(cfg)
 
-    def measure(batch: list[Test]) -> list[Result]:
+    def measure(batch: list[Planned]) -> list[Result]:
         return _run_round(settings, slurm, batch, sweep_id, outdir, waiter, clock)
 
     def judge_all(results: list[Result]) -> Verdict:
@@ -120,7 +120,7 @@ def run_sweep(
 def _run_round(
     settings: Settings,
     slurm: SweepSlurm,
-    batch: list[Test],
+    batch: list[Planned],
     sweep_id: str,
     outdir: str,
     waiter: submit.Waiter | None,
@@ -135,7 +135,7 @@ def _run_round(
     return out
 
 
-def _batch_job(settings: Settings, t: Test, sweep_id: str, outdir: str) -> BatchJob:
+def _batch_job(settings: Settings, t: Planned, sweep_id: str, outdir: str) -> BatchJob:
     tag = "-".join(t.nodes)
     env = {"SWEEP_TESTS": " ".join(t.tests), "SWEEP_GPUS": str(settings.gpus_per_node),
            **({"SWEEP_NCCL": settings.commands["nccl"]} if "nccl" in settings.commands else {}),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slurmhealth.slurm import BatchJob, NodeInfo, SlurmError
-from slurmhealth.sweep.model import Result, Test, unit_key
+from slurmhealth.sweep.model import Planned, Result, unit_key
 from tests.support.recording_slurm import RecordingSlurm
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "baseline"
@@ -59,7 +59,7 @@ class Fabric:
             v *= self.rng.uniform(0.5, 0.8)
         return max(v, 0.01)
 
-    def measure(self, batch: list[Test]) -> list[Result]:
+    def measure(self, batch: list[Planned]) -> list[Result]:
         return [
             Result("nccl", t.nodes, t.round, t.attempt, round(self.value(t.nodes), 2),
                    "all_reduce_perf.busbw@8589934592", f"{t.round}.{i}")
