@@ -77,7 +77,13 @@ def _template(path: str | None) -> str:
     metavar="[TEST=]PATH",
     help="The site's all_reduce_perf / ib_write_bw (nccl=PATH, ib=PATH).",
 )
-@click.option("--gpus-per-node", type=click.IntRange(1, 64), default=8, show_default=True)
+@click.option(
+    "--gpus-per-node",
+    type=click.IntRange(1, 64),
+    default=8,
+    show_default=True,
+    help="GPUs per node: -g N alone, one rank per GPU in pairs.",
+)
 @click.option("--hcas", default="", metavar="LIST", help="HCAs for ib, e.g. mlx5_0,mlx5_1.")
 @click.option(
     "--rounds",
