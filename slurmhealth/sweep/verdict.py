@@ -3,9 +3,11 @@ to blame, with the evidence (the pair table) and a confidence.
 
 Per test (nccl, ib) each unit (a node alone, a pair) is judged against a reference:
 ``[baseline.pinned]`` when set, else for single-node tests the median over the nodes and for
-pairs the median over the nodes of each node's *best* pair (a node's best pair is slow only
-when the node itself is, so the reference stays right when a bad node drags down most pairs
-of a small set). A unit is slow below ``slow_fraction`` of it; a failed test counts as 0.
+pairs the median over the nodes of each node's typical pair: its *best* when it met fewer
+than 4 partners (a node's best pair is slow only when the node itself is, so the reference
+stays right when a bad node drags down most pairs of a small set), the median of its pairs
+with 4 or more (the best of many is inflated by the noise). A unit is slow below
+``slow_fraction`` of it; a failed test counts as 0.
 Every attempt must be slow (``confirmed`` once repeated); slow once, fine once is ``flaky``.
 
 - intra: a node slow alone (its NVLink/GPUs); its pairs are explained by it.
@@ -28,6 +30,7 @@ from slurmhealth.sweep.model import UNITS, Result, unit_key
 
 SLOW_FRACTION = 0.85
 MIN_PARTNERS = 2
+PARTNERS_FOR_MEDIAN = 4
 
 
 @dataclass(frozen=True)
@@ -172,15 +175,17 @@ def _reference(
     for key in (f"{test}.{kind}", *sorted(metrics)):
         if isinstance(pinned.get(key), int | float) and pinned[key] > 0:
             return float(pinned[key])
-    best: dict[str, float] = {}
+    of: dict[str, list[float]] = {}
     for g in groups:
         got = [r.value for r in g if r.value is not None and r.value > 0]
-        if not got:
-            continue
-        value = statistics.median(got)
-        for n in g[0].nodes:
-            best[n] = max(best.get(n, 0.0), value)
-    return statistics.median(best.values()) if best else None
+        for n in g[0].nodes if got else ():
+            of.setdefault(n, []).append(statistics.median(got))
+    # a node's typical value: its best with few partners (a bad partner may be half of
+    # them), the median of them with 4 or more (the best of many is inflated by noise)
+    typical = [
+        max(v) if len(v) < PARTNERS_FOR_MEDIAN else statistics.median(v) for v in of.values()
+    ]
+    return statistics.median(typical) if typical else None
 
 
 def _status(values: Sequence[float | None], ref: float | None, slow: float) -> str:
