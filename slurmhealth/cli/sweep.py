@@ -37,7 +37,7 @@ def _commands(values: tuple[str, ...], tests: tuple[str, ...]) -> dict[str, str]
             test, path = tests[0], v
         if test not in ("nccl", "ib") or not path:
             raise UsageError(f"--command {v!r}: expected PATH, nccl=PATH or ib=PATH")
-        out[test] = path
+        out[test] = os.path.abspath(path) if "/" in path else path  # a bare name: on PATH
     return out
 
 

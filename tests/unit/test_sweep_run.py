@@ -158,3 +158,25 @@ def test_unknown_nodes_are_a_usage_error_drained_ones_are_skipped(tmp_path: Path
     record, _ = _run(_cfg(tmp_path), slurm, THREE)
     assert record["nodes"] == ["n1", "n2"] and "bad PSU" in record["skipped"]["n3"]
     assert all("n3" not in j.nodes for j in slurm.submitted)
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["sweep"], "--nodes HOSTLIST is required"),
+        (["sweep", "--nodes", "n[1-3]", "--test", "both", "--command", "/x/a"], "name the test"),
+        (["sweep", "--nodes", "n[1-3]", "--command", "mpi=/x"], "expected PATH, nccl=PATH"),
+        (["sweep", "--nodes", "n[1-3]", "--job-env", "PATH=/evil"], "SWEEP_NAME=VALUE"),
+        (["sweep", "--nodes", "n[1-3", "--template", "/dev/null"], "unbalanced"),
+        (["sweep", "show", "nope"], "no history at"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: Any, argv: list[str], said: str
+) -> None:
+    cfg = _cfg(tmp_path)
+    with pytest.raises(SystemExit) as done:
+        main(["--config", str(tmp_path / "config.toml"), "--db", cfg.db_path(), *argv])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and said in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
