@@ -62,6 +62,16 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def short(record: Mapping[str, Any]) -> str:
+    """The verdict in a few words: ``suspect: NODE n2 (100%)``."""
+    suspects = record.get("suspects", [])
+    if record.get("inconclusive") or not suspects:
+        return verdict_lines(record)[0]
+    names = ", ".join(f"{s['kind'].upper()} {'-'.join(s['nodes'])} ({float(s['confidence']):.0%})"
+                      for s in suspects)  # fmt: skip
+    return f"{'suspect' if len(suspects) == 1 else 'suspects'}: {names}"
+
+
 def unit_rows(record: Mapping[str, Any], only_bad: bool = False) -> list[tuple[Any, ...]]:
     """The pair table (:data:`UNIT_COLUMNS`), worst share first."""
     units = [u for u in record.get("units", []) if not only_bad or u["status"] != "ok"]
@@ -137,7 +147,7 @@ def to_html(record: Mapping[str, Any]) -> str:
            f"<title>slurmhealth sweep {sid}</title><style>{CSS}{HEAT_CSS}</style></head><body>",
            f'<h1 id="sweep">slurmhealth sweep {sid}</h1>',
            f'<section class="answer edge-{sev}" id="answer"><p class="verdict sev-{sev}" '
-           f'id="verdict">{escape(verdict_lines(record)[0])}</p>'
+           f'id="verdict">{escape(short(record))}</p>'
            f'<ul class="evidence-lines">{lines}</ul></section>',
            f'<p class="jobline">{escape(headline(record))}</p>']  # fmt: skip
     refs = record.get("references", {})
