@@ -180,3 +180,24 @@ def test_bad_input_is_one_line_and_exit_2(
     err = capsys.readouterr().err
     assert done.value.code == 2 and said in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_node_suspect_carries_what_its_own_history_saw(tmp_path: Path) -> None:
+    from slurmhealth.history import History
+    from slurmhealth.history.batch import Batch
+
+    cfg = _cfg(tmp_path)
+    finding = {"run_id": "r1", "ts": 1_000.0 - 3600, "node": "n2", "check_name": "ib_errors",
+               "severity": "fail", "severity_value": 30, "gpu": None,
+               "message": "mlx5_1/1 symbol_error 40/min over 600 s (GPUs 2,3 behind it)",
+               "action": "drain", "evidence": {"hca": "mlx5_1", "port": 1}}  # fmt: skip
+    old = {**finding, "ts": 1_000.0 - 30 * 86400, "message": "a month ago"}
+    info = {**finding, "severity": "info", "severity_value": 10, "message": "fine"}
+    with History.for_node(cfg, "n2") as h:
+        h.write(Batch(inserts=[("findings", finding), ("findings", old), ("findings", info)]))
+    slurm = FakeBatchSlurm(_fabric(THREE, node_fault={"n2": 0.5}))
+    record, _ = _run(cfg, slurm, THREE)
+    (suspect,) = record["suspects"]
+    (seen,) = suspect["evidence"]["history"]
+    assert seen["node"] == "n2" and seen["check_name"] == "ib_errors"
+    assert seen["evidence"]["hca"] == "mlx5_1"
