@@ -142,8 +142,39 @@ def judge(
         suspects += _suspects(mine, min_partners, switches or {})
     nodes = {n for u in units for n in u.nodes}
     why = _inconclusive(units, suspects, nodes, refs)
-    final = () if why else tuple(_merge(suspects))
+    final = () if why else tuple(_switch_paths(_merge(suspects), units, switches or {}))
     return Verdict(tuple(units), final, refs, why)
+
+
+def _switch_paths(
+    suspects: list[Suspect], units: list[UnitVerdict], switches: Mapping[str, str]
+) -> list[Suspect]:
+    """Link suspects that share a pair of leaf switches (2 or more) name that path: a
+    spine link or a switch port between them, not a node's cable."""
+
+    def path(nodes: Sequence[str]) -> tuple[str, ...] | None:
+        got = [switches.get(n) for n in nodes]
+        return tuple(sorted(g for g in got if g)) if all(got) else None
+
+    groups: dict[tuple[str, ...], int] = {}
+    for s in suspects:
+        key = path(s.nodes) if s.kind == "link" else None
+        if key is not None:
+            groups[key] = groups.get(key, 0) + 1
+    out = []
+    for s in suspects:
+        key = path(s.nodes) if s.kind == "link" else None
+        if key is None or groups[key] < 2:
+            out.append(s)
+            continue
+        tested = {u.nodes for u in units if len(u.nodes) == 2 and path(u.nodes) == key}
+        where = " and ".join(dict.fromkeys(key))
+        note = f"{groups[key]} of {len(tested)} pairs tested between {where} slow: the switch path"
+        found = {"switches": list(key), "slow_pairs": groups[key], "pairs_tested": len(tested)}
+        evidence = {**s.evidence, "switch_path": found}
+        out.append(Suspect(s.kind, s.nodes, s.tests, s.confidence, f"{s.summary}; {note}",
+                           evidence))  # fmt: skip
+    return out
 
 
 def _units(

@@ -85,6 +85,12 @@ def test_a_node_fault_is_named_stored_and_shown(tmp_path: Path, capsys: Any) -> 
     main([*db_flag, "sweep", "show", record["id"], "--json"])  # returns: exit 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["suspects"][0]["nodes"] == ["n2"]
+    main([*db_flag, "sweep", "show", record["id"]])
+    text = capsys.readouterr().out
+    assert "NODE n2 (confidence 67%): n2: slow with 2 of 2 partners" in text
+    assert "n1-n2" in text and "185.9" in text  # the pair table
+    main([*db_flag, "sweep", "show"])
+    assert record["id"] in capsys.readouterr().out
     html = tmp_path / "sweep.html"
     main([*db_flag, "sweep", "show", record["id"], "--html", str(html)])
     page = html.read_text()

@@ -137,3 +137,19 @@ def test_noisy_64_nodes_one_bad_node_is_named_alone(seed: int) -> None:
     (s,) = _sweep(fabric).verdict.suspects
     assert (s.kind, s.nodes) == ("node", (bad,))
     assert s.confidence >= 0.9
+
+
+def test_slow_pairs_sharing_a_switch_pair_name_the_switch_path() -> None:
+    """Two leaf switches of 4 nodes each; the path between leaf1 and leaf2 slow for the
+    pairs of its first two uplinks (a bad spine link): link suspects that name the path."""
+    nodes = [f"n{i}" for i in range(8)]
+    switches = {n: "leaf1" if i < 4 else "leaf2" for i, n in enumerate(nodes)}
+    fabric = _quiet(nodes)
+    bad = [("n0", "n5"), ("n1", "n6")]
+    fabric.link_fault.update({p: 0.5 for p in bad})
+    d = plan.drive(nodes, ["nccl"], 7, fabric.measure, lambda rs: judge(rs, switches=switches))
+    found = sorted(s.nodes for s in d.verdict.suspects)
+    assert found == bad and all(s.kind == "link" for s in d.verdict.suspects)
+    for s in d.verdict.suspects:
+        assert s.evidence["switch_path"]["switches"] == ["leaf1", "leaf2"]
+        assert "between leaf1 and leaf2 slow: the switch path" in s.summary
