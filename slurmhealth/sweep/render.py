@@ -45,6 +45,10 @@ def verdict_lines(record: Mapping[str, Any]) -> list[str]:
         return [f"inconclusive: {record['inconclusive']} (nothing drained)"]
     suspects = record.get("suspects", [])
     if not suspects:
+        blind = sum(1 for u in record.get("units", []) if u["status"] == "unjudged")
+        if blind:
+            return [f"no suspect, but {blind} test(s) not judged: no reference (a lone pair is "
+                    "its own; pin one in [baseline.pinned], e.g. nccl.pair)"]  # fmt: skip
         return ["no suspect: every node and pair within the reference"]
     out = []
     for s in suspects:

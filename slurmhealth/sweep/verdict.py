@@ -41,7 +41,7 @@ class UnitVerdict:
     nodes: tuple[str, ...]
     values: tuple[float | None, ...]  # per attempt; None: measured nothing
     reference: float | None
-    status: str  # ok | slow | flaky | failed
+    status: str  # ok | slow | flaky | failed | unjudged (no reference)
     job_ids: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     hcas: Mapping[str, float] = field(default_factory=dict)  # ib: the slowest attempt's
@@ -216,6 +216,8 @@ def _reference(
     typical = [
         max(v) if len(v) < PARTNERS_FOR_MEDIAN else statistics.median(v) for v in of.values()
     ]
+    if len([g for g in groups if any(r.value for r in g)]) < 2:
+        return None  # one unit is its own reference: unjudged without a pinned one
     return statistics.median(typical) if typical else None
 
 
@@ -223,7 +225,7 @@ def _status(values: Sequence[float | None], ref: float | None, slow: float) -> s
     if all(v is None for v in values):
         return "failed"
     if ref is None:
-        return "ok"
+        return "unjudged"
     low = [v is None or v < slow * ref for v in values]
     return "slow" if all(low) else "flaky" if any(low) else "ok"
 

@@ -153,3 +153,17 @@ def test_slow_pairs_sharing_a_switch_pair_name_the_switch_path() -> None:
     for s in d.verdict.suspects:
         assert s.evidence["switch_path"]["switches"] == ["leaf1", "leaf2"]
         assert "between leaf1 and leaf2 slow: the switch path" in s.summary
+
+
+def test_a_lone_pair_is_not_judged_against_itself() -> None:
+    """Two nodes, one pair at half speed, nothing pinned: the pair is its own median, so it
+    is left unjudged and the page says why (seen on Slurm 24.11 with n1, n2)."""
+    from slurmhealth.sweep.render import verdict_lines
+
+    res = [Result("nccl", ("a",), 0, 1, 480.0), Result("nccl", ("b",), 0, 1, 480.0),
+           Result("nccl", ("a", "b"), 1, 1, 185.0)]  # fmt: skip
+    v = judge(res)
+    assert v.suspects == () and "nccl.pair" not in v.references
+    assert {u.nodes: u.status for u in v.units}[("a", "b")] == "unjudged"
+    (line,) = verdict_lines(v.to_dict())
+    assert "1 test(s) not judged" in line and "baseline.pinned" in line
