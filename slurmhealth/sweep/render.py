@@ -93,7 +93,7 @@ def _num(v: object) -> str:
 
 
 def _cell_class(u: Mapping[str, Any] | None, slow: float) -> str:
-    if u is None or u["ratio"] is None and u["status"] != "failed":
+    if u is None or (u["ratio"] is None and u["status"] != "failed"):
         return "h-none"
     if u["status"] in ("slow", "failed", "flaky"):
         return f"h-{u['status']}"
