@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from slurmhealth.slurm_acct import (
     EVENT_FIELDS,
@@ -38,11 +38,19 @@ from slurmhealth.slurm_base import (
     expand_hostlist,
     null,
 )
+from slurmhealth.slurm_batch import (
+    BatchJob,
+    parse_job_states,
+    parse_sbatch,
+    parse_topology,
+    sbatch_argv,
+)
 
 __all__ = [
     "MAX_HOSTS",
     "MAX_REASON",
     "REASON_PREFIX",
+    "BatchJob",
     "HostlistError",
     "JobInfo",
     "NodeInfo",
@@ -57,6 +65,9 @@ __all__ = [
     "parse_nodes",
     "parse_show_job",
 ]
+
+
+Env = Mapping[str, str] | None
 
 
 def _parse_time(text: str) -> float | None:
@@ -80,9 +91,11 @@ class SlurmCli:
         bounded.calls = self.calls  # one record of every command run
         return bounded
 
-    def _run(self, argv: Sequence[str], time_format: str = "standard") -> str:
+    def _run(
+        self, argv: Sequence[str], time_format: str = "standard", extra_env: Env = None
+    ) -> str:
         self.calls.append(list(argv))
-        env = {**os.environ, "SLURM_TIME_FORMAT": time_format}
+        env = {**os.environ, **(extra_env or {}), "SLURM_TIME_FORMAT": time_format}
         try:
             proc = subprocess.run(
                 list(argv),
@@ -166,6 +179,38 @@ class SlurmCli:
             raise SlurmError("an AdminComment must be 1-8000 of [a-z0-9:._-] (sacctmgr lowercases)")
         self._run(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job_id}", "set",
                    f"AdminComment={text}"])  # fmt: skip
+
+    # -- batch jobs (the pairwise sweep): formats here, the orchestration in sweep/ ---------
+
+    def submit(self, job: BatchJob) -> str:
+        """``sbatch --parsable ...`` for ``job``; the new job's id. ``job.env`` reaches the
+        job through sbatch's default ``--export=ALL`` (values may hold commas)."""
+        return parse_sbatch(self._run(sbatch_argv(job), extra_env=job.env))
+
+    def job_states(self, job_ids: Sequence[str]) -> dict[str, str]:
+        """``{job id: state}`` (``COMPLETED``, ``RUNNING``, ...) of the jobs slurmctld still
+        knows, one ``squeue`` call; a job it forgot is left out."""
+        if not job_ids:
+            return {}
+        argv = ["squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T"]
+        try:
+            return parse_job_states(self._run(argv))
+        except SlurmError as exc:
+            if "Invalid job id" in str(exc):
+                return {}  # every one of them is gone
+            raise
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        if job_ids:
+            self._run(["scancel", *job_ids])
+
+    def leaf_switches(self) -> dict[str, str]:
+        """``{node: leaf switch}`` from ``scontrol show topology`` (topology/tree); {} when
+        the cluster has no topology or it cannot be read."""
+        try:
+            return parse_topology(self._run(["scontrol", "show", "topology"]))
+        except SlurmError:
+            return {}
 
 
 SINFO_FORMAT = "%N|%T|%H|%u|%E"

@@ -48,6 +48,7 @@ COMMANDS: Mapping[str, str] = {
     "exporter": "exporter:exporter",
     "config": "config:config",
     "install": "install:install",
+    "sweep": "sweep:sweep",
 }
 EXIT_CODES = (
     (0, "healthy, or warnings only: done"),

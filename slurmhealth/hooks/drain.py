@@ -65,10 +65,15 @@ def _ours_in_order(nodes: Sequence[NodeInfo]) -> list[str]:
 
 
 def drain_node(
-    cfg: Config, slurm: SlurmBackend, node: str, findings: Sequence[Finding]
+    cfg: Config,
+    slurm: SlurmBackend,
+    node: str,
+    findings: Sequence[Finding],
+    reason: str | None = None,
 ) -> DrainOutcome:
-    """Drain ``node`` for ``findings`` (failing, with a drain/reset action) if allowed."""
-    reason = drain_reason(findings)
+    """Drain ``node`` for ``findings`` (failing, with a drain/reset action) if allowed;
+    ``reason`` (ours, ``slurmhealth: ...``) instead of the findings' (the sweep's)."""
+    reason = clean_reason(reason) if reason else drain_reason(findings)
     if cfg.policy.mode == "warn":
         return DrainOutcome("policy_warn", reason, "policy.mode = warn: recorded, not drained")
     try:
