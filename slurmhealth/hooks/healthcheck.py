@@ -21,6 +21,7 @@ tests/unit/test_healthcheck.py); :func:`healthcheck` wires the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +59,7 @@ class HealthcheckResult:
     jobs: tuple[str, ...] | None  # None: the local slurmd could not say (taken as busy)
     skipped: tuple[str, ...] = field(default_factory=tuple)
     drain: DrainOutcome | None = None
+    remediation: dict[str, Any] | None = None  # the remediation step after the check
 
     @property
     def idle(self) -> bool:
@@ -73,6 +75,7 @@ class HealthcheckResult:
             "drain": None
             if drain is None
             else {"state": drain.state, "reason": drain.reason, "detail": drain.detail},
+            "remediation": self.remediation,
         }
 
 
@@ -170,8 +173,27 @@ def healthcheck(cfg: Config) -> HealthcheckResult:
     with History.for_node(cfg, node) as history:
         adapters = Adapters(slurm, lambda _timeout_s: open_backend(cfg), history)
         try:
-            return run_healthcheck(
+            result = run_healthcheck(
                 cfg, node, adapters, lambda: local_job_ids(node, cfg.slurm.command_timeout_s)
             )
+            if cfg.remediate.enabled:
+                result = dataclasses.replace(result, remediation=remediate(cfg, history))
+            return result
         finally:  # retention keeps up during a month-long job too (bounded per run)
             prune_quietly(history, cfg)
+
+
+def remediate(cfg: Config, history: Any) -> dict[str, Any]:
+    """One remediation step on this node after the check (``[remediate] enabled``); a
+    crash is logged and reported, never raised: the node is left as it is."""
+    from slurmhealth.hooks import remediate as rem
+
+    node = cfg.node_name
+    try:
+        step = rem.tick(cfg, node, rem.adapters(cfg, history))
+    except Exception as exc:  # fail open, loudly
+        log.error("remediation of %s failed: %s: %s", node, type(exc).__name__, exc)
+        step = rem.step_error(node, exc)
+    if step.action not in ("none", "wait"):
+        log.info("remediation: %s: %s (%s)", step.action, step.why, step.fault)
+    return step.to_dict()
