@@ -1,0 +1,241 @@
+"""Remediation (hooks/remediate.py) over a recording Slurm backend and the real rest: the
+simulated NVML with fault lifetimes, its reset through the GPU layer, the validation, a
+history in tmp_path. Slurm's own side (scontrol reboot, the RebootProgram, nextstate=RESUME)
+is tests/integration/test_remediate.py's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slurmhealth.checks.remediation import plan
+from slurmhealth.config import Config, load_config
+from slurmhealth.errors import ScenarioError
+from slurmhealth.gpu import open_backend
+from slurmhealth.gpu.reset import open_reset, preconditions, record_sim_reboot
+from slurmhealth.gpu.scenario import load_scenario
+from slurmhealth.gpu.sim import SimulatedNvml
+from slurmhealth.history import History
+from slurmhealth.hooks import remediate as rem
+from slurmhealth.hooks.healthcheck import run_healthcheck
+from slurmhealth.hooks.prolog import Adapters
+from slurmhealth.hooks.remediate_plan import plan_fleet
+from slurmhealth.slurm import NodeInfo
+from tests.support.recording_slurm import RecordingSlurm
+from tests.support.sim_config import hook_flags
+from tests.unit.test_hooks_decisions import _rows
+
+NODE = "n1"
+FAULTS = {
+    "reset": '[gpu.4]\nremap_pending = true\nclears_on = "reset"\n',
+    "reboot": '[gpu.3]\nlost = true\nclears_on = "reboot"\n',
+    "never": '[gpu.3]\nlost = true\nclears_on = "never"\n',
+}
+
+
+def _config(tmp_path: Path, fault: str, **flags: Any) -> Config:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    scenario = tmp_path / "scenario.toml"
+    scenario.write_text(f'name = "lifetime"\n{FAULTS[fault]}')
+    (tmp_path / "config.toml").write_text("")
+    return load_config(
+        str(tmp_path / "config.toml"),
+        env={},
+        flags={**hook_flags(tmp_path, scenario), "remediate.enabled": True,
+               "policy.drain_max_share": 0.5, **flags},
+    )  # fmt: skip
+
+
+class Fleet:
+    """A recording Slurm backend of three idle nodes, a reboot that 'reboots' the simulated
+    node (and applies nextstate=RESUME), and the local slurmd's answer of running jobs."""
+
+    def __init__(self, cfg: Config, *nodes: NodeInfo) -> None:
+        given = {n.name: n for n in nodes}
+        self.slurm = RecordingSlurm(
+            [given.get(f"n{i}", NodeInfo(f"n{i}", "idle")) for i in (1, 2, 3)]
+        )
+        self.cfg = cfg
+        self.reboots: list[tuple[str, str]] = []
+        self.jobs: list[str] | None = []
+
+    def reboot(self, node: str, reason: str) -> None:
+        self.reboots.append((node, reason))
+        self.slurm.table[node] = NodeInfo(node, "reboot^", reason, "root", 1.0)
+
+    def finish_reboot(self, node: str) -> None:
+        record_sim_reboot(self.cfg)
+        self.slurm.table[node] = NodeInfo(node, "idle")
+
+    def check(self) -> None:
+        """The health check as slurmd runs it: it drains a failing node."""
+        with History(self.cfg.db_path()) as history:
+            adapters = Adapters(self.slurm, lambda _t: open_backend(self.cfg), history)
+            run_healthcheck(self.cfg, NODE, adapters, lambda: self.jobs)
+
+    def tick(self) -> rem.Step:
+        real = rem.adapters(self.cfg, History(self.cfg.db_path()))
+        ad = rem.RemediateAdapters(
+            slurm=self.slurm, history=real.history, open_gpu=real.open_gpu,
+            open_reset=real.open_reset, reboot=self.reboot, validate=real.validate,
+            local_jobs=lambda: self.jobs, bug_report=real.bug_report,
+        )  # fmt: skip
+        try:
+            return rem.tick(self.cfg, NODE, ad)
+        finally:
+            ad.history.close()
+
+    def steps(self) -> list[tuple[str, str]]:
+        rows = _rows(Path(self.cfg.db_path()), "remediations")
+        return [(r["action"], r["outcome"]) for r in rows]
+
+
+def _gpu_fault_seen(cfg: Config) -> bool:
+    lib = SimulatedNvml(load_scenario(cfg.gpu.sim_scenario), NODE,
+                        kernel_log_path=cfg.gpu.sim_kernel_log)  # fmt: skip
+    return bool(lib.field(4, "remap_pending") or lib.field(3, "lost"))
+
+
+def test_the_policy_is_the_tables_first_step() -> None:
+    def one(check: str, action: str, gpu: int | None = 4, **evidence: Any) -> str:
+        finding = {"check": check, "gpu": gpu, "action": action, "message": "m",
+                   "evidence": evidence}  # fmt: skip
+        return plan([finding]).step
+
+    assert one("row_remap", "reset") == "reset"
+    assert one("gpu_lost", "reset") == "reset"
+    assert one("xid", "reset", xid=79) == "reboot"  # the catalog's RESTART_BM
+    assert one("gpu_lost", "reset", gpu=None) == "reboot"  # nothing to reset on its own
+    assert one("nvlink_inactive", "drain") == "none"  # needs hands
+    mixed = plan([{"check": "row_remap", "gpu": 4, "action": "reset"},
+                  {"check": "nvlink_inactive", "gpu": 1, "action": "drain"}])  # fmt: skip
+    assert mixed.step == "none" and "nvlink_inactive gpu1" in mixed.why
+
+
+def test_fault_lifetimes_in_the_simulator(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "reset")
+    assert _gpu_fault_seen(cfg)
+    backend = open_backend(cfg)
+    snapshot = backend.snapshot(None)
+    backend.close()
+    gpus, refused, notes = preconditions(snapshot, [4])
+    assert refused == "" and gpus == tuple(range(8)) and "NVSwitch" in notes[0]  # HGX H100
+    result = open_reset(cfg).reset([4], snapshot)
+    assert result.ok and "successfully reset" in result.output
+    assert not _gpu_fault_seen(cfg)  # a new process sees the reset GPU
+    for lifetime in ("reboot", "never"):
+        cfg = _config(tmp_path / lifetime, lifetime)
+        assert not open_reset(cfg).reset([3], snapshot).ok and _gpu_fault_seen(cfg)
+        record_sim_reboot(cfg)
+        assert _gpu_fault_seen(cfg) is (lifetime == "never")
+
+
+def test_a_bad_lifetime_is_a_scenario_error(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[[faults]]\nset = { lost = true }\nclears_on = "power"\n')
+    with pytest.raises(ScenarioError, match="clears_on"):
+        load_scenario(str(path))
+
+
+def test_reset_fault_is_reset_validated_and_resumed(tmp_path: Path) -> None:
+    fleet = Fleet(_config(tmp_path, "reset"))
+    fleet.check()
+    assert fleet.slurm.table[NODE].drained
+    step = fleet.tick()
+    assert (step.action, step.gpus) == ("resume", tuple(range(8)))
+    assert fleet.steps() == [("reset", "ok"), ("validate", "ok"), ("resume", "resumed")]
+    assert fleet.slurm.resumes == [NODE] and not fleet.slurm.table[NODE].drained
+    assert fleet.reboots == [] and not _gpu_fault_seen(fleet.cfg)
+    drains = [d["state"] for d in _rows(Path(fleet.cfg.db_path()), "drains")]
+    assert drains == ["drained", "resumed"]
+
+
+def test_failed_reset_reboots_then_validates(tmp_path: Path) -> None:
+    fleet = Fleet(_config(tmp_path, "reboot"))
+    fleet.check()
+    assert fleet.tick().action == "reboot"
+    ((node, reason),) = fleet.reboots
+    assert node == NODE and reason.startswith("slurmhealth: rebooting: gpu_lost gpu3")
+    assert fleet.tick().action == "wait"  # while Slurm reboots it
+    fleet.finish_reboot(NODE)
+    step = fleet.tick()
+    assert step.action == "resume" and not fleet.slurm.table[NODE].drained
+    assert fleet.steps() == [("reset", "failed"), ("reboot", "validated")]
+
+
+def test_a_fault_that_never_clears_ends_as_service_required(tmp_path: Path) -> None:
+    fleet = Fleet(_config(tmp_path, "never"))
+    fleet.check()
+    assert fleet.tick().action == "reboot"
+    fleet.finish_reboot(NODE)
+    fleet.check()  # the node is back in service and fails again: drained
+    step = fleet.tick()
+    assert step.action == "service_required"
+    reason = fleet.slurm.table[NODE].reason
+    assert reason.startswith("slurmhealth: service required: gpu_lost gpu3")
+    assert fleet.steps() == [("reset", "failed"), ("reboot", "fault_returned"),
+                             ("service_required", "service_required")]  # fmt: skip
+    (incident,) = tmp_path.glob("evidence/remediation/n1-*/incident.json")
+    doc = json.loads(incident.read_text())
+    assert doc["attempts"] == 2 and doc["fault"].startswith("gpu_lost gpu3")
+    assert doc["nvidia_bug_report"]["status"] in ("skipped", "ok", "failed")
+    assert fleet.tick().action == "none"  # and stays so until a person acts
+
+
+def test_a_node_with_a_running_job_is_not_touched_until_it_ends(tmp_path: Path) -> None:
+    fleet = Fleet(_config(tmp_path, "reset"))
+    fleet.jobs = ["77"]
+    fleet.check()
+    fleet.slurm.table[NODE] = NodeInfo(NODE, "draining", fleet.slurm.table[NODE].reason)
+    step = fleet.tick()
+    assert step.action == "wait" and "77" in step.why
+    assert fleet.steps() == [] and _gpu_fault_seen(fleet.cfg)
+    fleet.jobs = []
+    fleet.slurm.table[NODE] = NodeInfo(NODE, "drained", fleet.slurm.table[NODE].reason)
+    assert fleet.tick().action == "resume"
+
+
+def test_an_admins_drain_is_left_alone(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "reset")
+    fleet = Fleet(cfg, NodeInfo(NODE, "drained", "maintenance: cable swap", "alice", 5.0))
+    fleet.check()
+    step = fleet.tick()
+    assert step.action == "none" and "alice" in step.why
+    assert fleet.slurm.table[NODE].reason == "maintenance: cable swap"
+    assert fleet.slurm.resumes == [] and fleet.steps() == [] and _gpu_fault_seen(cfg)
+
+
+def test_the_breaker_holds_a_second_node(tmp_path: Path) -> None:
+    busy = NodeInfo("n2", "reboot^", "slurmhealth: rebooting: gpu_lost gpu1", "root", 1.0)
+    fleet = Fleet(_config(tmp_path, "reset", **{"remediate.max_fraction": 1.0}), busy)
+    fleet.check()
+    step = fleet.tick()
+    assert step.action == "skip" and "n2" in step.why
+    assert fleet.steps() == [] and _gpu_fault_seen(fleet.cfg)
+    fleet.slurm.table["n2"] = NodeInfo("n2", "idle")
+    assert fleet.tick().action == "resume"
+
+
+def test_dry_run_lists_the_planned_action_of_each_node(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "reset")
+    finding = {"check": "row_remap", "gpu": 4, "action": "reset", "message": "pending"}
+    drained = [{"detail": {"findings": [finding]}}]
+    nodes = [NodeInfo("n1", "drained", "slurmhealth: row_remap gpu4 pending", "root", 1.0),
+             NodeInfo("n2", "drained", "slurmhealth: row_remap gpu4 pending", "root", 2.0),
+             NodeInfo("n3", "drained", "maintenance", "alice", 3.0)]  # fmt: skip
+    steps: dict[str, Sequence[dict[str, Any]]] = {
+        "n1": [],
+        "n2": [{"action": "reset", "started": 9e9}],
+    }
+
+    def history_of(node: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        return (drained, list(steps[node])) if node in steps else None
+
+    doc = plan_fleet(cfg, nodes, dict, history_of, now=1e10)
+    got = {r["node"]: (r["action"], r["gpus"]) for r in doc["nodes"]}
+    assert got == {"n1": ("reset", [4]), "n2": ("skip", []), "n3": ("none", [])}
+    assert doc["limit"] == 1 and doc["enabled"] is True
