@@ -6,11 +6,13 @@ is tests/integration/test_remediate.py's."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric
 
 from slurmhealth.checks.remediation import plan
 from slurmhealth.config import Config, load_config
@@ -24,12 +26,23 @@ from slurmhealth.hooks import remediate as rem
 from slurmhealth.hooks.healthcheck import run_healthcheck
 from slurmhealth.hooks.prolog import Adapters
 from slurmhealth.hooks.remediate_plan import plan_fleet
+from slurmhealth.node_metrics import NodeFacts, node_families, read_history
 from slurmhealth.slurm import NodeInfo
 from tests.support.recording_slurm import RecordingSlurm
 from tests.support.sim_config import hook_flags
 from tests.unit.test_hooks_decisions import _rows
 
 NODE = "n1"
+
+
+class _Families:
+    def __init__(self, facts: NodeFacts) -> None:
+        self.facts = facts
+
+    def collect(self) -> Iterator[Metric]:
+        return node_families(self.facts)
+
+
 FAULTS = {
     "reset": '[gpu.4]\nremap_pending = true\nclears_on = "reset"\n',
     "reboot": '[gpu.3]\nlost = true\nclears_on = "reboot"\n',
@@ -184,6 +197,15 @@ def test_a_fault_that_never_clears_ends_as_service_required(tmp_path: Path) -> N
     assert doc["attempts"] == 2 and doc["fault"].startswith("gpu_lost gpu3")
     assert doc["nvidia_bug_report"]["status"] in ("skipped", "ok", "failed")
     assert fleet.tick().action == "none"  # and stays so until a person acts
+    facts = NodeFacts(NODE)
+    read_history(facts, fleet.cfg.db_path())
+    registry = CollectorRegistry()
+    registry.register(_Families(facts))  # type: ignore[arg-type]
+    value = registry.get_sample_value
+    assert value("slurmhealth_node_service_required", {"node": NODE}) == 1.0
+    assert value("slurmhealth_remediation_in_progress", {"node": NODE}) == 0.0
+    labels = {"node": NODE, "action": "reboot", "outcome": "fault_returned"}
+    assert value("slurmhealth_remediations_total", labels) == 1.0
 
 
 def test_a_node_with_a_running_job_is_not_touched_until_it_ends(tmp_path: Path) -> None:
