@@ -261,3 +261,28 @@ def test_dry_run_lists_the_planned_action_of_each_node(tmp_path: Path) -> None:
     got = {r["node"]: (r["action"], r["gpus"]) for r in doc["nodes"]}
     assert got == {"n1": ("reset", [4]), "n2": ("skip", []), "n3": ("none", [])}
     assert doc["limit"] == 1 and doc["enabled"] is True
+
+
+def test_the_report_of_the_job_that_met_the_fault_names_the_repair(tmp_path: Path) -> None:
+    """The epilog of job 4242 drained the node; its report lists what remediation did."""
+    from slurmhealth.diagnose.facts import Facts, JobFacts
+    from slurmhealth.history import Batch, rows
+    from slurmhealth.history.read import Reader
+    from slurmhealth.report.answer import admin_done
+    from slurmhealth.report.collect import node_facts
+
+    cfg = _config(tmp_path, "reset")
+    finding = {"check": "row_remap", "gpu": 4, "action": "reset", "message": "remap pending"}
+    reason = "slurmhealth: row_remap gpu4 remap pending"
+    row = rows.drain_row(1.0e9, NODE, "drained", reason, "slurmhealth epilog",
+                         {"findings": [finding]})  # fmt: skip
+    with History(cfg.db_path()) as history:
+        assert history.write(Batch(inserts=[("drains", {**row, "job_id": "4242"})]))
+    fleet = Fleet(cfg, NodeInfo(NODE, "drained", reason, "root", 1.0e9))
+    assert fleet.tick().action == "resume"
+    with Reader(cfg.db_path()) as db:
+        facts = node_facts(db, "4242", NODE)
+    assert [(r["action"], r["outcome"]) for r in facts.remediations] == [
+        ("reset", "ok"), ("validate", "ok"), ("resume", "resumed")]  # fmt: skip
+    done, _ = admin_done(Facts(JobFacts("4242"), (facts,)))
+    assert any(line.startswith("n1: remediation reset: ok at ") for line in done), done
