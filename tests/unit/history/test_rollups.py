@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 
 from slurmhealth.history import Batch, History, read
-from slurmhealth.history.schema import latest_version
 from slurmhealth.history.read import Reader
 from slurmhealth.history.retention import Retention
 from slurmhealth.history.rollups import BUCKET_S, HIST_WIDTH
-from slurmhealth.history.schema import MIGRATIONS
+from slurmhealth.history.schema import MIGRATIONS, latest_version
 from slurmhealth.report.collect import node_facts
 from tests.unit.history.helpers import query
 
