@@ -72,17 +72,29 @@ class Remediation:
         return [(r["action"], r["outcome"]) for r in self.rows(node, "remediations")]
 
     def wait_back(self, node: str, since_lines: int) -> None:
-        """Until the RebootProgram restarted ``node``'s slurmd and Slurm resumed it."""
+        """Until the RebootProgram restarted ``node``'s slurmd and it registered again."""
         log = self.cluster.dir / "log" / "reboot.log"
         deadline = time.monotonic() + REBOOT_DEADLINE_S
         while True:
             lines = log.read_text().splitlines()[since_lines:] if log.exists() else []
             restarted = any(f"reboot {node}: slurmd restarted" in ln for ln in lines)
             state = self.cluster.node_states().get(node, "")
-            if restarted and state == "idle":
+            # idle (nextstate=RESUME), or drained again by the health check slurmd runs
+            # at its start when the fault is back
+            if restarted and state in ("idle", "drained"):
                 return
             assert time.monotonic() < deadline, (state, lines, self.cluster.sinfo_reasons())
             time.sleep(0.5)
+
+    def wait_in_service(self, node: str, timeout: float = 30.0) -> None:
+        """Until sinfo shows ``node`` idle without a reason (the resume has landed)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state, reasons = self.cluster.node_states().get(node), self.cluster.sinfo_reasons()
+            if state == "idle" and node not in reasons:
+                return
+            assert time.monotonic() < deadline, (state, reasons)
+            time.sleep(0.2)
 
     def reboot_log_lines(self) -> int:
         log = self.cluster.dir / "log" / "reboot.log"
@@ -120,7 +132,7 @@ def test_reset_fault_repaired_without_an_admin_and_an_admins_drain_untouched(
     remediation.write_config(enabled=True)
     step = remediation.healthcheck("n2")["remediation"]
     assert step["action"] == "resume", step
-    assert c.node_states()["n2"] == "idle" and "n2" not in c.sinfo_reasons()
+    remediation.wait_in_service("n2")
     assert remediation.steps("n2") == [("reset", "ok"), ("validate", "ok"), ("resume", "resumed")]
     assert [d["state"] for d in remediation.rows("n2", "drains")] == ["drained", "resumed"]
     assert remediation.healthcheck("n2")["status"] == "ok"  # the reset cleared the fault
@@ -148,7 +160,7 @@ def test_a_fault_a_reset_cannot_clear_is_rebooted_and_resumed(remediation: Remed
     assert remediation.steps("n2") == [("reset", "failed"), ("reboot", "validated")]
     reset = remediation.rows("n2", "remediations")[0]
     assert "Unable to reset GPU" in json.loads(reset["detail"])["output"]
-    assert c.node_states()["n2"] == "idle" and "n2" not in c.sinfo_reasons()
+    remediation.wait_in_service("n2")
 
 
 def test_a_fault_that_never_clears_ends_as_service_required(remediation: Remediation) -> None:
