@@ -5,7 +5,9 @@ slurmd runs the program as root every ``HealthCheckInterval`` on the nodes
 from registering until the program exits 0), and kills it after 60 s. Slurm does nothing
 else with its exit status: any action is the program's own (NHC drains with ``scontrol``).
 So the entry point always exits 0, and this module drains by itself with the prolog's
-reasons, etiquette and circuit breaker (``hooks/drain.py``). It never resumes a node.
+reasons, etiquette and circuit breaker (``hooks/drain.py``). It resumes a node only through
+remediation (``[remediate] enabled``, off by default: one step of ``hooks/remediate.py``
+after the check, on a node slurmhealth drained).
 
 Every check is a read-only NVML or kernel-log read: none resets a GPU or loads it, so the
 same checks run on a node with jobs. What changes with jobs is what may be judged: a

@@ -6,6 +6,7 @@ is tests/integration/test_remediate.py's."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -286,3 +287,16 @@ def test_the_report_of_the_job_that_met_the_fault_names_the_repair(tmp_path: Pat
         ("reset", "ok"), ("validate", "ok"), ("resume", "resumed")]  # fmt: skip
     done, _ = admin_done(Facts(JobFacts("4242"), (facts,)))
     assert any(line.startswith("n1: remediation reset: ok at ") for line in done), done
+
+
+def test_remediate_command_help_usage_and_a_disabled_run(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    env = {"PATH": os.environ.get("PATH", ""), "SLURMHEALTH_CONFIG": str(tmp_path / "c.toml")}
+    (tmp_path / "c.toml").write_text("")
+    shown = run_cli("remediate", "--help", env=env)
+    assert shown.returncode == 0 and "slurmhealth remediate --dry-run --json" in shown.stdout
+    both = run_cli("remediate", "--dry-run", "--run", env=env)
+    assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1, both.stderr
+    off = run_cli("remediate", "--run", env=env)  # [remediate] enabled = false by default
+    assert off.returncode == 1 and "disabled" in off.stderr and "Traceback" not in off.stderr
