@@ -140,10 +140,28 @@ def _act(cfg: Config, me: NodeInfo, fault: _Fault, ad: RemediateAdapters) -> Ste
     refused = fleet.claim(cfg, ad.slurm, me, fault.text, ad.partitions)
     if refused:
         return Step(me.name, "skip", refused, fault.text)
-    if p.step == "reset" and not (tried and tried[0]["action"] == "reset"):
-        step = _reset(cfg, me, fault, p.gpus, ad)
-        if step is not None:
-            return step
+    try:
+        return _repair(cfg, me, fault, p.step, p.gpus, tried, ad)
+    except Exception:  # never leave the claim behind: it would hold the breaker for good
+        ad.slurm.drain(me.name, me.reason)
+        raise
+
+
+def _repair(
+    cfg: Config,
+    me: NodeInfo,
+    fault: _Fault,
+    step: str,
+    gpus: Sequence[int],
+    tried: Sequence[Mapping[str, Any]],
+    ad: RemediateAdapters,
+) -> Step:
+    """Reset (when the policy says so and the last attempt was not a reset whose fault came
+    back), else or then reboot, or service required when that was the last attempt."""
+    if step == "reset" and not (tried and tried[0]["action"] == "reset"):
+        done = _reset(cfg, me, fault, gpus, ad)
+        if done is not None:
+            return done
         if len(tried) + 1 >= cfg.remediate.max_attempts:
             return _service_required(cfg, me, fault, [*tried, {"action": "reset"}], ad)
     return _reboot(me, fault, ad)
@@ -247,6 +265,12 @@ def _after_reboot(
     """The tick after ``scontrol reboot``: wait while it runs; then validate. Clean: the
     reboot row ends ``validated`` (Slurm resumed the node). The fault back: it ends
     ``fault_returned`` and the node is drained again (None: the caller counts attempts)."""
+    if me.state.startswith("down") and not me.ours:  # Slurm gave up on it (ResumeTimeout)
+        _write(ad, "remediations", {**row, "ended": ad.clock(), "outcome": "failed",
+                                    "detail": {**(row.get("detail") or {}),
+                                               "reasons": [f"node {me.state}: {me.reason}"]}},
+               upsert=True)  # fmt: skip
+        return Step(me.name, "none", f"the reboot did not complete ({me.reason}): left as is")
     if "reboot" in me.state or me.state.startswith(("down", "unknown")):
         return Step(me.name, "wait", f"reboot in progress (node {me.state})", row["fault"])
     if ad.local_jobs() != []:  # a job took the node first: its processes are not a fault

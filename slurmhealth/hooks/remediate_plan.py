@@ -86,8 +86,9 @@ def claim(
 def attempts_in_window(
     rows: Sequence[Mapping[str, Any]], now: float, window_s: float
 ) -> list[Mapping[str, Any]]:
-    """The node's resets and reboots that started within the window, newest first."""
-    return [r for r in rows if r.get("action") in ATTEMPTS
+    """The node's resets and reboots that started within the window, newest first (a reset
+    refused for processes on the GPU did nothing: not an attempt)."""
+    return [r for r in rows if r.get("action") in ATTEMPTS and r.get("outcome") != "refused"
             and float(r.get("started") or 0.0) >= now - window_s]  # fmt: skip
 
 

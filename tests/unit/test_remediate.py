@@ -300,3 +300,34 @@ def test_remediate_command_help_usage_and_a_disabled_run(tmp_path: Path) -> None
     assert both.returncode == 2 and len(both.stderr.strip().splitlines()) == 1, both.stderr
     off = run_cli("remediate", "--run", env=env)  # [remediate] enabled = false by default
     assert off.returncode == 1 and "disabled" in off.stderr and "Traceback" not in off.stderr
+
+
+def test_a_crash_mid_repair_gives_the_claim_back(tmp_path: Path) -> None:
+    """A tick that fails after claiming the node must not hold the breaker for good."""
+    fleet = Fleet(_config(tmp_path, "reset"))
+    fleet.check()
+    drained = fleet.slurm.table[NODE].reason
+    real = rem.adapters(fleet.cfg, History(fleet.cfg.db_path()))
+
+    def broken(_timeout: float) -> Any:
+        raise OSError("NVML went away")
+
+    ad = rem.RemediateAdapters(
+        slurm=fleet.slurm, history=real.history, open_gpu=broken, open_reset=real.open_reset,
+        reboot=fleet.reboot, validate=real.validate, local_jobs=lambda: [],
+        bug_report=real.bug_report,
+    )  # fmt: skip
+    with pytest.raises(OSError):
+        rem.tick(fleet.cfg, NODE, ad)
+    ad.history.close()
+    assert fleet.slurm.table[NODE].reason == drained  # not "slurmhealth: remediating: ..."
+
+
+def test_a_reboot_slurm_gave_up_on_is_closed_as_failed(tmp_path: Path) -> None:
+    fleet = Fleet(_config(tmp_path, "reboot"))
+    fleet.check()
+    assert fleet.tick().action == "reboot"
+    fleet.slurm.table[NODE] = NodeInfo(NODE, "down", "reboot timed out", "root", 2.0)
+    step = fleet.tick()
+    assert step.action == "none" and "reboot timed out" in step.why
+    assert fleet.steps() == [("reset", "failed"), ("reboot", "failed")]
