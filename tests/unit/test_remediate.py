@@ -331,3 +331,17 @@ def test_a_reboot_slurm_gave_up_on_is_closed_as_failed(tmp_path: Path) -> None:
     step = fleet.tick()
     assert step.action == "none" and "reboot timed out" in step.why
     assert fleet.steps() == [("reset", "failed"), ("reboot", "failed")]
+
+
+def test_a_nodes_gpu_table_with_a_lifetime_faults_only_that_node(tmp_path: Path) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text('[nodes.n2.gpu.4]\nremap_pending = true\nclears_on = "reboot"\n')
+    scenario = load_scenario(str(path))
+    (fault,) = scenario.for_node("n2").faults
+    assert (fault.gpus, fault.clears_on, dict(fault.set)) == (
+        (4,),
+        "reboot",
+        {"remap_pending": True},
+    )
+    assert scenario.for_node("n1").faults == ()
+    assert scenario.for_node("n2").gpus[4]["remap_pending"] is False  # the lasting state
