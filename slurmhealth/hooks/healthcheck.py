@@ -192,7 +192,7 @@ def remediate(cfg: Config, history: Any) -> dict[str, Any]:
 
     node = cfg.node_name
     try:
-        step = rem.tick(cfg, node, rem.adapters(cfg, history))
+        step = rem.locked_tick(cfg, node, rem.adapters(cfg, history))
     except Exception as exc:  # fail open, loudly
         log.error("remediation of %s failed: %s: %s", node, type(exc).__name__, exc)
         step = rem.step_error(node, exc)

@@ -21,7 +21,9 @@ breaker allows (``hooks/remediate_plan.py``). Each step is a ``remediations`` ro
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +108,23 @@ def tick(cfg: Config, node: str, ad: RemediateAdapters) -> Step:
     if fault is None:
         return Step(node, "none", "no recorded fault to repair")
     return _act(cfg, me, fault, ad)
+
+
+def locked_tick(cfg: Config, node: str, ad: RemediateAdapters) -> Step:
+    """:func:`tick` while holding the node's remediation lock (``<run_dir>/remediate.lock``,
+    root-owned): the health check and a timer's ``remediate --run`` never act at once."""
+    folder = cfg.expand(cfg.paths.run_dir, node)
+    os.makedirs(folder, mode=0o755, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.path.join(folder, "remediate.lock"), flags, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Step(node, "skip", "another remediation step runs on this node")
+        return tick(cfg, node, ad)
+    finally:
+        os.close(fd)
 
 
 def _fault(me: NodeInfo, history: History, rows: list[dict[str, Any]]) -> _Fault | None:

@@ -345,3 +345,20 @@ def test_a_nodes_gpu_table_with_a_lifetime_faults_only_that_node(tmp_path: Path)
     )
     assert scenario.for_node("n1").faults == ()
     assert scenario.for_node("n2").gpus[4]["remap_pending"] is False  # the lasting state
+
+
+def test_one_remediation_step_at_a_time_on_a_node(tmp_path: Path) -> None:
+    """The health check and a timer's `remediate --run` never act on one node at once."""
+    import fcntl
+
+    fleet = Fleet(_config(tmp_path, "reset"))
+    fleet.check()
+    lock = Path(fleet.cfg.expand(fleet.cfg.paths.run_dir)) / "remediate.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        real = rem.adapters(fleet.cfg, History(fleet.cfg.db_path()))
+        step = rem.locked_tick(fleet.cfg, NODE, real)
+        real.history.close()
+    assert step.action == "skip" and "another" in step.why
+    assert fleet.steps() == [] and _gpu_fault_seen(fleet.cfg)
