@@ -23,6 +23,7 @@ from slurmhealth.config_sections import (
     HistoryConfig,
     MetricsConfig,
     RdmaConfig,
+    RemediateConfig,
     ReportConfig,
 )
 from slurmhealth.errors import ConfigError
@@ -136,6 +137,7 @@ class Config:
     evidence: EvidenceConfig = field(default_factory=EvidenceConfig)
     baseline: BaselineConfig = field(default_factory=BaselineConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    remediate: RemediateConfig = field(default_factory=RemediateConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     @property

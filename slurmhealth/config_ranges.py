@@ -109,6 +109,11 @@ RANGES: Mapping[str, Bound] = {
     "rdma.expected_hcas": Bound(0, 64),
     "rdma.expected_rate_gbps": Bound(0, 3200),  # XDR 8X = 1600 Gb/s; room for the next
     "report.prometheus_timeout_s": Bound(0, 3600, low_open=True),
+    "remediate.max_attempts": Bound(1, 100),
+    "remediate.window_s": POSITIVE_S,
+    "remediate.max_concurrent": Bound(1, 100_000),
+    "remediate.max_fraction": Bound(0, 1, low_open=True),
+    "remediate.bug_report_timeout_s": POSITIVE_S,
 }
 """The range of every numeric setting; for a table (``*.nvlinks_per_model``, ``pinned``)
 the range of each of its values."""

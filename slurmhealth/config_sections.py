@@ -126,3 +126,20 @@ class ReportConfig:
     # ask Slurm accounting (sacct, the AdminComment summary, sacctmgr's node events) for a
     # job no node history or evidence summary reaches
     accounting: bool = True
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class RemediateConfig:
+    """Automatic repair of nodes slurmhealth drained (docs/remediation.md): reset the GPU,
+    re-validate, resume; else reboot; after ``max_attempts`` in ``window_s``: "service
+    required". Off by default; bounded by a circuit breaker of its own."""
+
+    enabled: bool = False
+    max_attempts: int = 2  # resets and reboots per node within window_s, then service required
+    window_s: float = 86400.0
+    max_concurrent: int = 1  # nodes in remediation at once (a GPU reset or a reboot)
+    max_fraction: float = 0.10  # ...and at most this share of the nodes in scope (at least 1)
+    partitions: list[str] = field(default_factory=list)  # only these partitions' nodes; [] = all
+    nodes: str = ""  # only these nodes (a Slurm hostlist, e.g. "gpu[01-16]"); "" = all
+    validate_benchmarks: list[str] = field(default_factory=list)  # [baseline] validate_commands
+    bug_report_timeout_s: float = 300.0  # nvidia-bug-report.sh at "service required"

@@ -40,6 +40,7 @@ class NodeFacts:
     drain: node_queries.DrainInForce | None = None
     fail_opens: Counter[tuple[str, str]] = field(default_factory=Counter)
     sidecars: dict[str, int] = field(default_factory=dict)  # running | dead | stale
+    remediation: node_queries.RemediationState | None = None
 
     @property
     def health(self) -> str:
@@ -65,6 +66,7 @@ def read_history(facts: NodeFacts, db_path: str) -> None:
         facts.runs = node_queries.hook_run_counts(reader, facts.node)
         facts.drains = node_queries.drain_state_counts(reader, facts.node)
         facts.drain = node_queries.drain_in_force(reader, facts.node)
+        facts.remediation = node_queries.remediation_state(reader, facts.node)
     except StoreError:
         facts.history_ok = False
     finally:
@@ -131,7 +133,25 @@ def node_families(facts: NodeFacts) -> Iterator[Metric]:
     for s, n in sorted(facts.drains.items()):
         drains.add_metric((node, s), n)
     yield drains
+    yield from _remediation_families(facts)
     yield from _process_families(facts)
+
+
+def _remediation_families(facts: NodeFacts) -> Iterator[Metric]:
+    node, state = facts.node, facts.remediation
+    steps = _c("remediations", "Remediation steps (docs/remediation.md) by action (reset, "
+               "validate, reboot, resume, service_required) and outcome.",
+               ("node", "action", "outcome"))  # fmt: skip
+    busy = _g("remediation_in_progress", "1 while a remediation step of the node is under "
+              "way (a reboot not yet validated).", ("node",))  # fmt: skip
+    service = _g("node_service_required", "1 while remediation gave up on the node: drained "
+                 "\"slurmhealth: service required\" until a person repairs and resumes it.",
+                 ("node",))  # fmt: skip
+    for (action, outcome), n in sorted((state.counts if state else {}).items()):
+        steps.add_metric((node, action, outcome), n)
+    busy.add_metric((node,), 1.0 if state and state.in_progress else 0.0)
+    service.add_metric((node,), 1.0 if state and state.service_required else 0.0)
+    yield from (steps, busy, service)
 
 
 def _check_families(facts: NodeFacts) -> Iterator[Metric]:

@@ -333,3 +333,22 @@ def parse_listpids(returncode: int, stdout: str, stderr: str) -> list[str] | Non
     if not jobs or not all(re.fullmatch(r"\d+([_+]\d+)?", j) for j in jobs):
         return None
     return list(dict.fromkeys(jobs))
+
+
+def reboot_node(node: str, reason: str, timeout_s: float = 5.0) -> None:
+    """``scontrol reboot ASAP nextstate=RESUME reason=... NODE``: slurmctld drains the node,
+    runs its ``RebootProgram`` once no job runs there, and resumes it when it registers
+    again within ``ResumeTimeout`` (else the node goes DOWN). Raises :class:`SlurmError`."""
+    SlurmCli(timeout_s)._run(
+        ["scontrol", "reboot", "ASAP", "nextstate=RESUME", f"reason={clean_reason(reason)}", node]
+    )
+
+
+def node_partitions(timeout_s: float = 5.0) -> dict[str, tuple[str, ...]]:
+    """Each node's partitions (``sinfo -h -N -o %N|%R``: a line per node and partition)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for line in SlurmCli(timeout_s)._run(["sinfo", "-h", "-N", "-o", "%N|%R"]).splitlines():
+        node, sep, part = line.strip().partition("|")
+        if sep and node:
+            out[node] = (*out.get(node, ()), part.strip())
+    return out

@@ -34,6 +34,7 @@ COMMANDS: Mapping[str, str] = {
     "drains": "history:drains",
     "nodes": "nodes:nodes",
     "resume": "nodes:resume",
+    "remediate": "remediate:remediate",
     "prolog": "hooks:prolog",
     "epilog": "hooks:epilog",
     "sidecar": "hooks:sidecar",

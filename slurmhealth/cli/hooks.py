@@ -136,8 +136,8 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
 def healthcheck(ctx: Ctx, as_json: bool) -> None:
     """Slurm HealthCheckProgram: check every GPU of this idle node between jobs and drain
     it with the prolog's reasons, etiquette and circuit breaker when one fails. On a node
-    with jobs the checks for a previous job's leftovers are skipped (and named). Never
-    resumes a node.
+    with jobs the checks for a previous job's leftovers are skipped (and named). Resumes a
+    node only through remediation ([remediate] enabled: reset, validate, resume).
 
     Always exits 0 (slurmd acts on nothing else; a non-zero exit at slurmd's start keeps
     the node from registering): errors are logged, and the node is left as it is. Run it

@@ -46,7 +46,16 @@ def nodes(ctx: Ctx, as_json: bool) -> None:
         return
     render.table(
         "nodes",
-        ["node", "state", "reason", "last check (UTC)", "phase", "status", "worst finding"],
+        [
+            "node",
+            "state",
+            "reason",
+            "last check (UTC)",
+            "phase",
+            "status",
+            "worst finding",
+            "remediation",
+        ],
         [
             (
                 r["node"],
@@ -56,7 +65,19 @@ def nodes(ctx: Ctx, as_json: bool) -> None:
                 r["last_phase"],
                 r["last_status"],
                 r["worst_finding"],
+                _remediation(r["remediation"]),
             )
             for r in rows
         ],
     )
+
+
+def _remediation(step: dict[str, object] | None) -> str:
+    """The node's newest remediation step: ``reset: ok (2026-12-02 14:01)``."""
+    if not step:
+        return ""
+    from slurmhealth.cli import render
+
+    started = step.get("started")
+    when = render.utc(float(started)) if isinstance(started, int | float) else ""
+    return f"{step.get('action')}: {step.get('outcome')} ({when})"

@@ -77,6 +77,8 @@ class NodeFacts:
     runs: tuple[Mapping[str, Any], ...] = ()  # check_runs rows (prolog/epilog)
     events: tuple[Mapping[str, Any], ...] = ()  # sidecar events rows
     drains: tuple[Mapping[str, Any], ...] = ()  # drains rows of this job
+    # remediations rows of the fault this job met (reset, validate, reboot, resume, ...)
+    remediations: tuple[Mapping[str, Any], ...] = ()
     gpus: tuple[GpuStats, ...] = ()
     task: TaskFacts | None = None
     evidence: tuple[Mapping[str, Any], ...] = ()  # manifest entries of the node's bundle
@@ -105,6 +107,7 @@ class NodeFacts:
             runs=tuple(data.get("runs", ())),
             events=tuple(data.get("events", ())),
             drains=tuple(data.get("drains", ())),
+            remediations=tuple(data.get("remediations", ())),
             gpus=gpus,
             task=None if not task else TaskFacts(**task),
             evidence=tuple(data.get("evidence", ())),

@@ -46,7 +46,7 @@ def open_library(cfg: Config) -> tuple[Any, Callable[[], float]]:
             ) from None
         return pynvml, time.time
     from slurmhealth.gpu.scenario import load_scenario
-    from slurmhealth.gpu.sim import SimulatedNvml, default_kernel_log
+    from slurmhealth.gpu.sim import SimulatedNvml
 
     if not cfg.gpu.sim_scenario:
         raise UsageError(
@@ -55,11 +55,7 @@ def open_library(cfg: Config) -> tuple[Any, Callable[[], float]]:
         )
     node = cfg.node_name
     scenario = load_scenario(cfg.gpu.sim_scenario)
-    kernel_log = (
-        cfg.expand(cfg.gpu.sim_kernel_log)
-        if cfg.gpu.sim_kernel_log
-        else default_kernel_log(scenario.name, node, cfg.expand(cfg.paths.run_dir))
-    )
+    kernel_log = sim_kernel_log_path(cfg, scenario.name)
     if scenario.replay:
         from slurmhealth.gpu.replay import ReplayNvml, load_recording
 
@@ -70,3 +66,17 @@ def open_library(cfg: Config) -> tuple[Any, Callable[[], float]]:
         return replay, replay.clock
     lib = SimulatedNvml(scenario, node, epoch=cfg.gpu.sim_epoch, kernel_log_path=kernel_log)
     return lib, time.time
+
+
+def sim_kernel_log_path(cfg: Config, scenario_name: str | None = None) -> str:
+    """Where the simulated node writes its kernel log (its scenario clock and fault
+    lifetimes sit beside it): ``gpu.sim_kernel_log``, else under the run dir."""
+    from slurmhealth.gpu.sim import default_kernel_log
+
+    if cfg.gpu.sim_kernel_log:
+        return cfg.expand(cfg.gpu.sim_kernel_log)
+    if scenario_name is None:
+        from slurmhealth.gpu.scenario import load_scenario
+
+        scenario_name = load_scenario(cfg.gpu.sim_scenario).name
+    return default_kernel_log(scenario_name, cfg.node_name, cfg.expand(cfg.paths.run_dir))

@@ -47,6 +47,7 @@ NVLINK_FIELDS: dict[str, type] = {
     "state": str, "remote_pci_bus_id": str, "version": int,
     "replay": int, "recovery": int, "crc_flit": int, "crc_data": int,
 }  # fmt: skip
+CLEARS_ON = ("reset", "reboot", "never")  # a fault's lifetime: what makes it go away
 NODE_KEYS = {"preset", "gpus", "driver_version", "nvml_version", "all_gpus", "gpu", "faults"}
 TOP_KEYS = NODE_KEYS | {"name", "description", "expect", "nodes", "replay"}
 
@@ -62,6 +63,8 @@ class Fault:
     until: float | None = None
     xid: int | None = None
     xid_message: str = ""
+    # what clears it: a GPU reset (or a reboot), a node reboot, nothing; None: time only
+    clears_on: str | None = None
 
 
 @dataclass(frozen=True)
@@ -165,7 +168,7 @@ def _gpu_list(src: str, where: str, value: Any, count: int) -> tuple[int, ...] |
 def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
     if not isinstance(raw, dict):
         raise ScenarioError(src, where, "expected a table")
-    known = {"at", "until", "gpu", "node", "set", "rate", "xid", "xid_message", "note"}
+    known = {"at", "until", "gpu", "node", "set", "rate", "xid", "xid_message", "note", "clears_on"}
     for key in raw:
         if key not in known:
             raise ScenarioError(src, f"{where}.{key}", f"unknown key (known: {sorted(known)})")
@@ -188,6 +191,7 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
     if not (sets or rates or xid):
         raise ScenarioError(src, where, "a fault needs 'set', 'rate' or 'xid'")
     return Fault(
+        clears_on=_clears_on(src, f"{where}.clears_on", raw.get("clears_on")),
         at=float(at),
         gpus=_gpu_list(src, f"{where}.gpu", raw.get("gpu"), count),
         set=sets,
@@ -196,6 +200,27 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
         xid=xid,
         xid_message=str(raw.get("xid_message", "")),
     )
+
+
+def _clears_on(src: str, where: str, value: Any) -> str | None:
+    if value is not None and value not in CLEARS_ON:
+        raise ScenarioError(src, where, f"must be one of {', '.join(CLEARS_ON)}")
+    return None if value is None else str(value)
+
+
+def _lifetime_faults(src: str, per_gpu: Mapping[str, Any]) -> list[Fault]:
+    """A ``[gpu.N]`` table with ``clears_on`` is a fault from the start (``at = 0``) on
+    that GPU, cleared as it says, instead of the GPU's lasting state."""
+    out = []
+    for key, table in per_gpu.items():
+        if isinstance(table, dict) and "clears_on" in table:
+            where = f"gpu.{key}"
+            sets = _table(src, where, {k: v for k, v in table.items() if k != "clears_on"})
+            for path, value in sets.items():
+                _check_field(src, where, path, value)
+            clears = _clears_on(src, f"{where}.clears_on", table["clears_on"])
+            out.append(Fault(at=0.0, gpus=(int(key),), set=sets, clears_on=clears))
+    return out
 
 
 def _merged_node(src: str, data: Mapping[str, Any], node: str) -> dict[str, Any]:
@@ -215,7 +240,8 @@ def _merged_node(src: str, data: Mapping[str, Any], node: str) -> dict[str, Any]
                 if not isinstance(table, dict):
                     raise ScenarioError(src, f"{where}.{index}", "expected a table")
                 for path, v in _flatten("", table).items():  # errors name the node's table
-                    _check_field(src, f"{where}.{index}".rstrip("."), path, v)
+                    if path != "clears_on" or key != "gpu":
+                        _check_field(src, f"{where}.{index}".rstrip("."), path, v)
             if key == "gpu":  # merge per GPU: [nodes.n2.gpu.1] adds to [gpu.1]
                 merged = dict(spec.get("gpu", {}))
                 for index, table in value.items():
@@ -246,12 +272,12 @@ def _build_node(src: str, data: Mapping[str, Any], node: str) -> NodeScenario:
         if not key.isdigit() or int(key) >= count:
             raise ScenarioError(src, f"gpu.{key}", f"GPU index outside 0..{count - 1}")
     gpus = []
+    lifetimes = _lifetime_faults(src, per_gpu)
     for i in range(count):
         state = preset_gpu(preset, node, i)
-        for where, table in (
-            ("all_gpus", all_gpus),
-            (f"gpu.{i}", _table(src, f"gpu.{i}", per_gpu.get(str(i), {}))),
-        ):
+        own = per_gpu.get(str(i), {})
+        own = {} if isinstance(own, dict) and "clears_on" in own else own
+        for where, table in (("all_gpus", all_gpus), (f"gpu.{i}", _table(src, f"gpu.{i}", own))):
             for path, value in table.items():
                 _check_field(src, where, path, value)
                 state[path] = value
@@ -272,7 +298,7 @@ def _build_node(src: str, data: Mapping[str, Any], node: str) -> NodeScenario:
         driver_version=str(spec.get("driver_version", "550.90.07")),
         nvml_version=str(spec.get("nvml_version", "12.550.90.07")),
         gpus=tuple(gpus),
-        faults=parsed,
+        faults=(*lifetimes, *parsed),
     )
 
 

@@ -20,8 +20,9 @@ from typing import Any
 
 import pynvml
 
-from slurmhealth.gpu.scenario import CLOCK_REASONS, FABRIC_STATES, NodeScenario, Scenario
+from slurmhealth.gpu.scenario import CLOCK_REASONS, FABRIC_STATES, Fault, NodeScenario, Scenario
 from slurmhealth.gpu.sim_device import DeviceQueries, SimHandle
+from slurmhealth.gpu.sim_lifetime import read_lifetime, record_resets
 
 _CONSTANTS = (
     "NVMLError", "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM",
@@ -93,6 +94,7 @@ class SimulatedNvml(DeviceQueries):
         self._clock = clock
         self.kernel_log_path = kernel_log_path or default_kernel_log(scenario.name, node)
         self.epoch = epoch or self._first_use()
+        self.lifetime = read_lifetime(self.kernel_log_path)  # resets and reboots so far
         self._release = threading.Event()  # wakes calls hung by a fault when closing
         self._initialized = False
         self._delivered: set[tuple[int, int]] = set()  # (fault, GPU) Xids already delivered
@@ -132,13 +134,20 @@ class SimulatedNvml(DeviceQueries):
         """Seconds since the scenario started."""
         return self._clock() - self.epoch
 
+    def active(self, fault: Fault, index: int, t: float) -> bool:
+        """Whether ``fault`` shows on GPU ``index`` at scenario time ``t``: inside its
+        window, on that GPU, and not cleared by a reset or reboot since it began."""
+        if t < fault.at or (fault.until is not None and t >= fault.until):
+            return False
+        if fault.gpus is not None and index not in fault.gpus:
+            return False
+        return not self.lifetime.cleared(fault, index, self.epoch + fault.at)
+
     def field(self, index: int, path: str) -> Any:
         value = self.node.gpus[index][path]
         t = self.now()
         for fault in self.node.faults:
-            if t < fault.at or (fault.until is not None and t >= fault.until):
-                continue
-            if fault.gpus is not None and index not in fault.gpus:
+            if not self.active(fault, index, t):
                 continue
             if path in fault.set:
                 value = fault.set[path]
@@ -164,6 +173,27 @@ class SimulatedNvml(DeviceQueries):
     def _require_init(self) -> None:
         if not self._initialized:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def simulate_reset(self, indices: list[int]) -> tuple[bool, str]:
+        """``nvidia-smi --gpu-reset`` on the simulated GPUs: each fault on them with
+        ``clears_on = "reset"`` goes; a fault that clears only on a reboot (or never) makes
+        the reset fail, as a GPU a reset cannot bring back does. Returns (ok, output)."""
+        t = self.now()
+        lines, stuck = [], False
+        for i in indices:
+            bus = str(self.node.gpus[i]["pci_bus_id"])
+            held = [f.clears_on for f in self.node.faults
+                    if self.active(f, i, t) and f.clears_on in ("reboot", "never")]  # fmt: skip
+            if held:
+                stuck = True
+                lines.append(f"Unable to reset GPU {bus}: the GPU did not come back "
+                             f"(simulated: a fault that clears on {held[0]})")  # fmt: skip
+            else:
+                lines.append(f"GPU {bus} was successfully reset.")
+        if not stuck:
+            record_resets(self.kernel_log_path, indices, self._clock())
+            self.lifetime = read_lifetime(self.kernel_log_path)
+        return not stuck, "\n".join(lines)
 
     # -- library -------------------------------------------------------------------
     def nvmlInit(self) -> None:

@@ -7,6 +7,7 @@ out, :class:`~slurmhealth.errors.StoreError` for a history that cannot be read.
 
 from __future__ import annotations
 
+import sqlite3
 from dataclasses import dataclass
 
 from slurmhealth.history.reader import Source, reading
@@ -75,3 +76,39 @@ def drain_in_force(db: Source, node: str) -> DrainInForce | None:
             (node, row[1]),
         ).fetchone()
     return None if later else DrainInForce(float(row[1] or 0.0), str(row[2] or ""))
+
+
+@dataclass(frozen=True)
+class RemediationState:
+    """The node's repair as its history knows it: steps by (action, outcome), whether a
+    step is in progress (a reboot not yet validated), whether it waits for service."""
+
+    counts: dict[tuple[str, str], int]
+    in_progress: bool
+    service_required: bool
+
+
+def remediation_state(db: Source, node: str) -> RemediationState:
+    """``remediations`` rows of ``node`` counted, and its newest step's meaning; "service
+    required" lasts until a later resume (``drains`` row ``resumed``)."""
+    with reading(db) as conn:
+        try:
+            rows = conn.execute(
+                "select action, outcome, count(*) from remediations where node = ?"
+                " group by action, outcome", (node,),
+            ).fetchall()  # fmt: skip
+        except sqlite3.OperationalError:  # a history from before migration 4
+            return RemediationState({}, False, False)
+        newest = conn.execute(
+            "select action, outcome, ts from remediations where node = ?"
+            " order by ts desc, rowid desc limit 1", (node,),
+        ).fetchone()  # fmt: skip
+        resumed = conn.execute(
+            "select max(ts) from drains where node = ? and state = 'resumed'", (node,)
+        ).fetchone()[0]
+    counts = {(str(a or ""), str(o or "")): int(n) for a, o, n in rows}
+    if newest is None:
+        return RemediationState(counts, False, False)
+    action, outcome, ts = newest
+    service = action == "service_required" and (resumed is None or float(resumed) < float(ts))
+    return RemediationState(counts, outcome == "rebooting", service)

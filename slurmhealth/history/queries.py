@@ -59,6 +59,18 @@ def drain_rows(
     return _newest(db, "drains", (("node = ?", node), ("state = ?", state)), limit)
 
 
+def remediation_rows(
+    db: Source,
+    node: str | None = None,
+    job: str | None = None,
+    since: float | None = None,
+    limit: int | None = 200,
+) -> list[dict[str, Any]]:
+    """``remediations`` rows (a node's repair steps), newest first."""
+    filters = (("node = ?", node), ("job_id = ?", job), ("ts >= ?", since))
+    return _newest(db, "remediations", filters, limit)
+
+
 def job_row(db: Source, job_id: str) -> dict[str, Any] | None:
     """The job's ``jobs`` row (``gpus`` decoded), or None."""
     with reading(db) as conn:

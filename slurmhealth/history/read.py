@@ -19,6 +19,7 @@ from slurmhealth.history.queries import (
     nodes_of_job,
     owner_uid,
     past_incident_rows,
+    remediation_rows,
     runs,
 )
 from slurmhealth.history.reader import Reader, Source, history_paths, open_reader
@@ -44,6 +45,7 @@ __all__ = [
     "open_reader",
     "owner_uid",
     "past_incident_rows",
+    "remediation_rows",
     "runs",
     "task_metrics",
 ]

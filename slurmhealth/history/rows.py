@@ -220,3 +220,22 @@ def evidence_rows(
          "sha256": e["sha256"], "size": e["size"], "kind": e["source"]}
         for e in entries
     ]  # fmt: skip
+
+
+def remediation_row(
+    node: str,
+    action: str,
+    outcome: str,
+    *,
+    started: float,
+    ended: float | None,
+    fault: str = "",
+    gpus: Iterable[int] = (),
+    job_id: str | None = None,
+    detail: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``remediations`` row: one step (reset | validate | reboot | resume |
+    service_required) of a node's repair, its outcome, the fault and the job that met it."""
+    return {"ts": started, "node": node, "job_id": job_id, "gpus": list(gpus), "fault": fault,
+            "action": action, "started": started, "ended": ended, "outcome": outcome,
+            "detail": dict(detail or {})}  # fmt: skip

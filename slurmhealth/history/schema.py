@@ -62,11 +62,15 @@ COLUMNS: dict[str, dict[str, str]] = {
     "baselines": {"id": _I, "ts": _R, "node": _T, "kind": _T, "metric": _T, "value": _R,
                   "unit": _T, "gpu_model": _T, "gpu": _I, "label": _T, "source": _T},
     "kv": {"key": _T, "value": _T, "updated": _R},
+    # one step of a node's automatic repair (hooks/remediate.py): reset, validate, reboot,
+    # resume, service_required; ``job_id`` the job that met the fault (from its drain)
+    "remediations": {"id": _I, "ts": _R, "node": _T, "job_id": _T, "gpus": _T, "fault": _T,
+                     "action": _T, "started": _R, "ended": _R, "outcome": _T, "detail": _T},
 }  # fmt: skip
 PRIMARY_KEYS = {"check_runs": "run_id", "jobs": "job_id", "kv": "key"}  # others: "id"
 JSON_COLUMNS = {"check_runs": ("gpus",), "findings": ("evidence",), "drains": ("detail",),
                 "events": ("evidence",), "samples": ("metrics",), "kv": ("value",),
-                "jobs": ("gpus",)}  # fmt: skip
+                "jobs": ("gpus",), "remediations": ("gpus", "detail")}  # fmt: skip
 INDEXES: dict[str, list[tuple[str, ...]]] = {
     "check_runs": [("node", "ts"), ("job_id",), ("ts",)],
     "findings": [("run_id",), ("node", "ts"), ("job_id",)],
@@ -76,6 +80,7 @@ INDEXES: dict[str, list[tuple[str, ...]]] = {
     "samples": [("job_id", "node", "gpu", "ts"), ("ts",)],
     "evidence": [("job_id",)],
     "baselines": [("node", "kind", "metric", "ts")],
+    "remediations": [("node", "ts"), ("job_id",)],
 }
 # a GPU sample's fields -> their ``samples`` columns (since migration 3 a GPU row's
 # ``metrics`` JSON holds only fields without a column, usually none: NULL)
@@ -146,6 +151,15 @@ def _rollups(db: Any) -> None:
 
     for sql in CREATE_SQL:
         db.execute(sql)
+
+
+@migration(4, "remediation steps")
+def _remediations(db: Any) -> None:
+    """The ``remediations`` table (a database made by migration 1 of this release has it)."""
+    if "remediations" not in db.table_names():
+        db["remediations"].create(dict(COLUMNS["remediations"]), pk="id")
+    for cols in INDEXES["remediations"]:
+        db["remediations"].create_index(list(cols), if_not_exists=True)
 
 
 def latest_version() -> int:

@@ -5,7 +5,9 @@ slurmd runs the program as root every ``HealthCheckInterval`` on the nodes
 from registering until the program exits 0), and kills it after 60 s. Slurm does nothing
 else with its exit status: any action is the program's own (NHC drains with ``scontrol``).
 So the entry point always exits 0, and this module drains by itself with the prolog's
-reasons, etiquette and circuit breaker (``hooks/drain.py``). It never resumes a node.
+reasons, etiquette and circuit breaker (``hooks/drain.py``). It resumes a node only through
+remediation (``[remediate] enabled``, off by default: one step of ``hooks/remediate.py``
+after the check, on a node slurmhealth drained).
 
 Every check is a read-only NVML or kernel-log read: none resets a GPU or loads it, so the
 same checks run on a node with jobs. What changes with jobs is what may be judged: a
@@ -21,6 +23,7 @@ tests/unit/test_healthcheck.py); :func:`healthcheck` wires the real ones.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -58,6 +61,7 @@ class HealthcheckResult:
     jobs: tuple[str, ...] | None  # None: the local slurmd could not say (taken as busy)
     skipped: tuple[str, ...] = field(default_factory=tuple)
     drain: DrainOutcome | None = None
+    remediation: dict[str, Any] | None = None  # the remediation step after the check
 
     @property
     def idle(self) -> bool:
@@ -73,6 +77,7 @@ class HealthcheckResult:
             "drain": None
             if drain is None
             else {"state": drain.state, "reason": drain.reason, "detail": drain.detail},
+            "remediation": self.remediation,
         }
 
 
@@ -170,8 +175,27 @@ def healthcheck(cfg: Config) -> HealthcheckResult:
     with History.for_node(cfg, node) as history:
         adapters = Adapters(slurm, lambda _timeout_s: open_backend(cfg), history)
         try:
-            return run_healthcheck(
+            result = run_healthcheck(
                 cfg, node, adapters, lambda: local_job_ids(node, cfg.slurm.command_timeout_s)
             )
+            if cfg.remediate.enabled:
+                result = dataclasses.replace(result, remediation=remediate(cfg, history))
+            return result
         finally:  # retention keeps up during a month-long job too (bounded per run)
             prune_quietly(history, cfg)
+
+
+def remediate(cfg: Config, history: Any) -> dict[str, Any]:
+    """One remediation step on this node after the check (``[remediate] enabled``); a
+    crash is logged and reported, never raised: the node is left as it is."""
+    from slurmhealth.hooks import remediate as rem
+
+    node = cfg.node_name
+    try:
+        step = rem.locked_tick(cfg, node, rem.adapters(cfg, history))
+    except Exception as exc:  # fail open, loudly
+        log.error("remediation of %s failed: %s: %s", node, type(exc).__name__, exc)
+        step = rem.step_error(node, exc)
+    if step.action not in ("none", "wait"):
+        log.info("remediation: %s: %s (%s)", step.action, step.why, step.fault)
+    return step.to_dict()

@@ -142,7 +142,7 @@ def node_overview(cfg: Config) -> list[dict[str, Any]]:
 
 def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
     """Slurm's view of every node next to the last check in that node's history."""
-    from slurmhealth.history.read import Reader, runs
+    from slurmhealth.history.read import Reader, remediation_rows, runs
 
     rows = []
     for n in sorted(slurm.nodes(), key=lambda n: n.name):
@@ -155,11 +155,16 @@ def overview(cfg: Config, slurm: SlurmBackend) -> list[dict[str, Any]]:
             "last_phase": None,
             "last_status": None,
             "worst_finding": None,
+            "remediation": None,
         }
         path = cfg.db_path(n.name)
         if ("{node}" in cfg.paths.db or n.name == cfg.node_name) and os.path.exists(path):
             with Reader(path) as db:
                 last = runs(db, node=n.name, limit=1)
+                steps = remediation_rows(db, node=n.name, limit=1)
+            if steps:
+                s = steps[0]
+                row["remediation"] = {k: s[k] for k in ("action", "outcome", "started", "fault")}
             if last:
                 run = last[0]
                 worst = run["findings"][0] if run["findings"] else None

@@ -125,7 +125,19 @@ def admin_done(facts: Facts) -> tuple[list[str], list[str]]:
             done.append(_drain_text(row, phases, nf.node))
             if as_text(row.get("state")).lower() in DRAINED_STATES:
                 drained.append(as_text(row.get("node")) or nf.node)
+        done += [_remediation_text(row, nf.node) for row in nf.remediations]
     return done, sorted(set(drained))
+
+
+def _remediation_text(row: Mapping[str, Any], node: str) -> str:
+    """``n2: remediation reset gpu4: ok at 14:01:02``."""
+    at = (
+        _clock(float(row["started"]), False) if isinstance(row.get("started"), int | float) else "?"
+    )
+    gpus = row.get("gpus") if isinstance(row.get("gpus"), list) else []
+    where = f" gpu{','.join(map(str, gpus))}" if gpus and len(gpus) < 8 else ""
+    action, outcome = as_text(row.get("action")), as_text(row.get("outcome"))
+    return f"{as_text(row.get('node')) or node}: remediation {action}{where}: {outcome} at {at}"
 
 
 def answer(verdict: str, diagnoses: Sequence[Diagnosis], facts: Facts) -> Answer:

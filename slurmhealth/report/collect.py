@@ -109,6 +109,14 @@ def _task(db: Source, job_id: str, node: str) -> TaskFacts | None:
     )
 
 
+def _remediations(db: Source, job_id: str, node: str) -> tuple[dict[str, Any], ...]:
+    """The node's repair of the fault the job met (none in a history from before it)."""
+    try:
+        return tuple(reversed(read.remediation_rows(db, node=node, job=job_id, limit=50)))
+    except read.StoreError:
+        return ()
+
+
 def node_facts(
     db: Source, job_id: str, node: str, logs: Mapping[str, str] | None = None
 ) -> NodeFacts:
@@ -123,6 +131,7 @@ def node_facts(
         runs=rows("check_runs"),
         events=rows("events"),
         drains=rows("drains"),
+        remediations=_remediations(db, job_id, node),
         gpus=_gpu_stats(db, job_id, node),
         task=_task(db, job_id, node),
         evidence=rows("evidence"),

@@ -73,6 +73,7 @@ NODE_ALERTS = {
     "SlurmhealthFailOpen", "SlurmhealthConfigInvalid", "SlurmhealthNodeDrainedLong",
     "SlurmhealthChecksStopped", "SlurmhealthExporterDown", "SlurmhealthTextfileStale",
     "SlurmhealthSidecarDead", "SlurmhealthHistoryUnreadable", "SlurmhealthDrainCircuitBreaker",
+    "SlurmhealthNodeServiceRequired",
 }  # fmt: skip
 ALERTS = JOB_ALERTS | NODE_ALERTS
 
