@@ -4,7 +4,9 @@ The table follows the immediate actions of NVIDIA's Xid catalog (ignore, restart
 reset the GPU, reboot the node, check mechanicals, contact support, or a workflow): Xids
 that point at the node (ECC, NVLink, bus, GSP firmware) take it out of service (``drain``
 or ``reset``); application-level Xids (13, 31, 43, 45, 68) are recorded only. An Xid missing
-from the table is a warning to look up, never a reason to drain. When the Xid line carries
+from the table, or listed by NVIDIA without a resolution bucket yet (bucket ``UNBUCKETED``,
+e.g. 162-172), is a warning, never a reason to drain. NVLink5 Xids 144-150 are decoded by
+their status fields (:mod:`slurmhealth.checks.xid_nvlink5`). When the Xid line carries
 the driver's own verdict (``Contained:``, ``RST:``, ``D-RST:``, Xid 154's recovery action),
 :func:`judge` lets it override the table.
 """
@@ -186,6 +188,12 @@ _CONTAINED_HINT = (
 )
 
 
+def catalog_rows() -> dict[int, tuple[str, str]]:
+    """``{xid: (mnemonic, immediate action)}`` for every row of the packaged catalog (what
+    ``scripts/xid-catalog-diff`` compares with NVIDIA's published spreadsheet)."""
+    return {x: (r.mnemonic, r.immediate) for x, r in _catalog().rows.items()}
+
+
 def explain(xid: int) -> dict[str, Any]:
     """Everything slurmhealth knows about Xid ``xid``, for ``slurmhealth xid N``."""
     cat = _catalog()
@@ -204,6 +212,11 @@ def explain(xid: int) -> dict[str, Any]:
         "source": info.source or None,
         "catalog": CATALOG_URL,
     }
+    if info.immediate == "UNBUCKETED":
+        out["reason"] = (
+            "NVIDIA's catalog lists this Xid without a resolution bucket yet, so slurmhealth "
+            "records it as a warning and never drains for it"
+        )
     if xid == 63:
         out["severity"] = "fail if a row remap is pending, info if not, warn if unknown"
         out["action"] = "drain if a row remap is pending, else record"
