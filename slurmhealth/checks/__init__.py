@@ -47,6 +47,9 @@ class CheckContext:
     kernel_events: tuple[KernelEvent, ...] = ()  # kernel-log faults other than Xids
     rdma: RdmaSnapshot | None = None  # the node's HCAs (slurmhealth.rdma); None = not read
     rdma_expect: RdmaExpect | None = None  # config [rdma]; None = nothing expected
+    # this node's [gpu.topology."HOSTLIST"] override of its GPUs' design (checks/sku.py)
+    topology: Mapping[str, Any] = field(default_factory=dict)
+    job_mig: tuple[str, ...] = ()  # the job's MIG device UUIDs (CUDA_VISIBLE_DEVICES), if any
 
     @functools.cached_property
     def counters(self) -> dict[str, dict[str, int]]:
@@ -130,6 +133,7 @@ def catalog() -> dict[str, CheckSpec]:
         network_kernel,
         nvlink,
         pcie,
+        sku,
         thermal,
         xid,
     )

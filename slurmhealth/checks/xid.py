@@ -44,7 +44,7 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     for (code, bus), members in grouped.items():
         gpu = by_bus.get(bus)
         first = members[0]
-        verdicts = [judge(e, _pending(gpu)) for e in members]
+        verdicts = [judge(e, _pending(gpu), ctx.snapshot.driver_version) for e in members]
         info = max(verdicts, key=lambda v: (v.action.takes_node_out, v.severity))
         count = f" (x{len(members)})" if len(members) > 1 else ""
         cause = _cause(first, ctx.xids) if code == 45 else None
@@ -66,9 +66,20 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 line=first.raw[:300],
                 basis=info.basis,
                 caused_by=cause,
+                **_decoded(first, ctx.snapshot.driver_version),
             )
         )
     return out
+
+
+def _decoded(event: XidEvent, driver: str | None) -> dict[str, object]:
+    """An NVLink5 Xid's decoded status fields, as evidence (nothing for other Xids)."""
+    if not 144 <= event.xid <= 150:
+        return {}
+    from slurmhealth.checks.xid_nvlink5 import decode, describe
+
+    found = decode(event.xid, event.raw, driver)
+    return {} if found is None else {"nvlink5": describe(found)}
 
 
 def _pending(gpu: GpuState | None) -> bool | None:

@@ -31,7 +31,7 @@ class XidInfo:
 
     ``immediate`` is the catalog's immediate action (e.g. ``RESET_GPU``), ``source`` the
     catalog row (and any departure from it), ``basis`` what decided the verdict: ``catalog``,
-    ``driver`` (the line's own fields) or ``unknown``.
+    ``driver`` (the line's own fields), ``decode`` (NVLink5 status fields) or ``unknown``.
     """
 
     xid: int
@@ -148,13 +148,15 @@ def classify(xid: int, remap_pending: bool | None = None) -> XidInfo:
     )
 
 
-def judge(event: XidEvent, remap_pending: bool | None = None) -> XidInfo:
+def judge(event: XidEvent, remap_pending: bool | None = None, driver: str | None = None) -> XidInfo:
     """:func:`classify`, overridden by the driver's own verdict on the line when present.
 
     ``D-RST: Yes`` drains and resets; ``RST: Yes`` or ``Uncontained:`` resets; a contained
     error the driver needs no reset for (``Contained: ... RST: No, D-RST: No``) warns and is
     recorded, never drained (a pending row remap is the row-remap check's to judge). Xid 154
-    does the recovery action it names; Xid 45 points at the Xid that caused it.
+    does the recovery action it names; Xid 45 points at the Xid that caused it. NVLink5 Xids
+    144-150 go by their decoded status fields (``driver``: the driver version, which picks
+    the encoding when the line does not tell).
     """
     info = classify(event.xid, remap_pending)
     if event.drain_reset_required:
@@ -163,6 +165,15 @@ def judge(event: XidEvent, remap_pending: bool | None = None) -> XidInfo:
         return _driver(info, max(info.severity, Severity.FAIL), Action.RESET, _RST_HINT)
     if event.contained or (event.reset_required is False and event.drain_reset_required is False):
         return _driver(info, Severity.WARN, Action.RECORD, _CONTAINED_HINT)
+    if 144 <= event.xid <= 150:
+        from slurmhealth.checks.xid_nvlink5 import decode, verdict
+
+        decoded = decode(event.xid, event.raw, driver)
+        if decoded is not None:
+            severity, action, hint = verdict(decoded)
+            return dataclasses.replace(
+                info, severity=severity, action=action, hint=hint, basis="decode"
+            )
     recovery = _RECOVERY.get(-1 if event.recovery_action is None else event.recovery_action)
     if event.xid == 154 and recovery is not None:
         what, severity, action, hint = recovery

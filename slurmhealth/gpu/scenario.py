@@ -25,6 +25,7 @@ SUPPORT_GROUPS = (
     "power", "power_limit", "energy", "utilization", "memory", "clocks", "clock_event_reasons",
     "pcie", "pcie_replay", "ecc", "row_remap", "retired_pages", "nvlink", "nvlink_errors",
     "nvlink_counter_api", "fabric", "processes",
+    "fabric_v", "mig",  # nvmlDeviceGetGpuFabricInfoV; the MIG calls
 )  # fmt: skip
 
 GPU_FIELDS: dict[str, type] = {
@@ -42,6 +43,9 @@ GPU_FIELDS: dict[str, type] = {
     "fabric_state": str, "fabric_status": str, "processes": list,
     "lost": bool, "reset_required": bool, "hang": bool, "hang_s": float,
     "not_supported": list, "nvlink_count": int,
+    # fabric info V (gpu/presets_more.py) and MIG mode
+    "fabric_clique_id": int, "fabric_cluster_uuid": str, "fabric_health": list,
+    "mig_mode": bool, "mig_devices": list,
 }  # fmt: skip
 NVLINK_FIELDS: dict[str, type] = {
     "state": str, "remote_pci_bus_id": str, "version": int,
@@ -139,6 +143,12 @@ def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool
                 raise ScenarioError(src, f"{where}.{path}", "expected [{ pid = N, used_mib = M }]")
             if not isinstance(p.get("used_mib", 0), int) or set(p) - {"pid", "used_mib", "name"}:
                 raise ScenarioError(src, f"{where}.{path}", "entries take pid, used_mib, name")
+    if path in ("fabric_health", "mig_devices"):
+        from slurmhealth.gpu.sim_mig import check_fabric_health, check_mig_devices
+
+        problem = (check_fabric_health if path == "fabric_health" else check_mig_devices)(value)
+        if problem:
+            raise ScenarioError(src, f"{where}.{path}", problem)
     if path == "not_supported":
         bad = [g for g in value if g not in SUPPORT_GROUPS]
         if bad:
