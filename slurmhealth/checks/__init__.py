@@ -129,6 +129,7 @@ def catalog() -> dict[str, CheckSpec]:
         fabric,
         gpu,
         memory,
+        mig,
         network,
         network_kernel,
         nvlink,

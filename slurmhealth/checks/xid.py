@@ -37,11 +37,11 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     from slurmhealth.checks.xid_table import judge
 
     by_bus = _gpus_by_bus(ctx.snapshot)
-    grouped: dict[tuple[int, str], list[XidEvent]] = {}
+    grouped: dict[tuple[int, str, str | None], list[XidEvent]] = {}
     for event in ctx.xids:
-        grouped.setdefault((event.xid, event.pci_bus_id), []).append(event)
+        grouped.setdefault((event.xid, event.pci_bus_id, event.gpu_instance), []).append(event)
     out = []
-    for (code, bus), members in grouped.items():
+    for (code, bus, _), members in grouped.items():
         gpu = by_bus.get(bus)
         first = members[0]
         verdicts = [judge(e, _pending(gpu), ctx.snapshot.driver_version) for e in members]
@@ -49,12 +49,13 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         count = f" (x{len(members)})" if len(members) > 1 else ""
         cause = _cause(first, ctx.xids) if code == 45 else None
         because = f", caused by Xid {cause}" if cause is not None else ""
+        where = f" {first.gpu_instance}" if first.gpu_instance else ""
         out.append(
             finding(
                 "xid",
                 info.severity,
                 gpu,
-                f"Xid {code} {info.name}{count} on {bus}{because}",
+                f"Xid {code} {info.name}{count} on {bus}{where}{because}",
                 action=info.action,
                 hint=info.hint,
                 xid=code,
@@ -67,9 +68,22 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 basis=info.basis,
                 caused_by=cause,
                 **_decoded(first, ctx.snapshot.driver_version),
+                **_instance(first, gpu, info.acts),
             )
         )
     return out
+
+
+def _instance(event: XidEvent, gpu: GpuState | None, acts: bool) -> dict[str, object]:
+    """The MIG instance an Xid line names (``GPU-I:NN``). A contained one is that instance's
+    alone (its MIG UUID in the evidence); one that takes the GPU out is the whole GPU's."""
+    if event.gpu_instance is None:
+        return {}
+    from slurmhealth.checks.mig import instance_id, instance_of, mig_evidence
+
+    gi = instance_id(event.gpu_instance)
+    mig = None if acts else instance_of(gpu, gi)
+    return mig_evidence(mig) if mig is not None else {"gpu_instance": gi}
 
 
 def _decoded(event: XidEvent, driver: str | None) -> dict[str, object]:

@@ -66,6 +66,7 @@ class Fault:
     until: float | None = None
     xid: int | None = None
     xid_message: str = ""
+    xid_gpu_instance: int | None = None  # MIG: the line names this GPU instance (GPU-I:NN)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,7 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
     if not isinstance(raw, dict):
         raise ScenarioError(src, where, "expected a table")
     known = {"at", "until", "gpu", "node", "set", "rate", "xid", "xid_message", "note"}
+    known |= {"xid_gpu_instance"}
     for key in raw:
         if key not in known:
             raise ScenarioError(src, f"{where}.{key}", f"unknown key (known: {sorted(known)})")
@@ -205,7 +207,15 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
         until=None if until is None else float(until),
         xid=xid,
         xid_message=str(raw.get("xid_message", "")),
+        xid_gpu_instance=_gpu_instance(src, where, raw.get("xid_gpu_instance")),
     )
+
+
+def _gpu_instance(src: str, where: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value < 64):  # fmt: skip
+        raise ScenarioError(src, f"{where}.xid_gpu_instance", "expected a GPU instance id 0..63")
+    return value
 
 
 def _merged_node(src: str, data: Mapping[str, Any], node: str) -> dict[str, Any]:

@@ -279,6 +279,8 @@ class SimulatedNvml(MigQueries, DeviceQueries):
             for g in fault.gpus if fault.gpus is not None else range(len(self.node.gpus)):
                 domain, bus = str(self.node.gpus[g]["pci_bus_id"]).split(":", 1)
                 bus = f"{domain[-4:]}:{bus.rsplit('.', 1)[0]}".lower()
+                if fault.xid_gpu_instance is not None:  # MIG: the instance the Xid hit
+                    bus += f" GPU-I:{fault.xid_gpu_instance:02d}"
                 text = (
                     f"NVRM: Xid (PCI:{bus}): {fault.xid}, pid=4242, name=python3, "
                     f"{fault.xid_message or 'simulated fault'}"

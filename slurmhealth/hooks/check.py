@@ -60,6 +60,9 @@ class CheckResult(NamedTuple):  # a tuple: cheaper to define than a frozen datac
         return 1 if self.status == "fail" else 0
 
     def to_dict(self) -> dict[str, Any]:
+        from slurmhealth.checks.mig import gpu_details, instance_results
+
+        instances = instance_results(self.snapshot, self.findings)
         return {
             "schema": "slurmhealth.check/1",
             "run_id": self.run_id,
@@ -81,6 +84,7 @@ class CheckResult(NamedTuple):  # a tuple: cheaper to define than a frozen datac
                     "name": g.name,
                     "pci_bus_id": g.pci_bus_id,
                     "status": g.status.value,
+                    **gpu_details(g, instances),
                 }
                 for g in self.snapshot.gpus
             ],
