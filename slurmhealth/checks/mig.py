@@ -12,6 +12,7 @@ docs/mig.md for what slurmhealth does when one instance of one GPU is bad.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,21 @@ def resolve(
             parents.add(gpu.index)
             migs.append(mig.uuid)
     return tuple(sorted(parents)), tuple(dict.fromkeys(migs))
+
+
+def only_instances(snapshot: NodeSnapshot, uuids: Sequence[str]) -> NodeSnapshot:
+    """``snapshot`` with each MIG GPU's instances cut to the job's (``uuids``), so a job's
+    series and detectors see its own slices only; unchanged when the job names none."""
+    if not uuids:
+        return snapshot
+    keep = set(uuids)
+    gpus = tuple(
+        dataclasses.replace(g, mig_devices=tuple(m for m in g.mig_devices if m.uuid in keep))
+        if g.mig_devices
+        else g
+        for g in snapshot.gpus
+    )
+    return dataclasses.replace(snapshot, gpus=gpus)
 
 
 def instance_id(gpu_instance: str | None) -> int | None:

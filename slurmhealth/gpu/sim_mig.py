@@ -51,6 +51,12 @@ def check_mig_devices(value: list[Any]) -> str:
         ints = [item.get(k, 0) for k in ("gi", "ci", "memory_mib", "used_mib")]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
             return "gi, ci, memory_mib, used_mib are integers >= 0"
+        procs = item.get("processes", [])
+        if not isinstance(procs, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("pid"), int) and set(p) <= {"pid", "used_mib"}
+            for p in procs
+        ):
+            return "processes are [{ pid = N, used_mib = M }]"
     return ""
 
 

@@ -208,6 +208,7 @@ class Judged(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
 
     result: CheckResult
     state: dict[str, Any]
+    mig: tuple[tuple[int, ...] | None, tuple[str, ...]] | None = None  # a MIG job's scope
 
 
 def judge(
@@ -221,10 +222,16 @@ def judge(
     gpus: Sequence[int] | None,
     job_id: str | None,
     duration_s: float,
+    job_mig: Sequence[str] = (),
 ) -> Judged:
-    """Run the check catalog over ``snapshot`` and the new kernel-log lines."""
+    """Run the check catalog over ``snapshot`` and the new kernel-log lines (the job's MIG
+    devices: ``gpus`` read through hooks/gpu_scope.py)."""
     from slurmhealth.checks import CheckContext, counters, run_checks
+    from slurmhealth.hooks.gpu_scope import job_scope, node_topology
     from slurmhealth.hooks.kernel_read import predating_findings
+
+    scope = job_scope(cfg, snapshot, gpus, job_mig)
+    snapshot, gpus = scope.snapshot, scope.gpus
     from slurmhealth.hooks.rdma_read import read_rdma_for_checks
 
     read, source = log_read
@@ -243,6 +250,8 @@ def judge(
         kernel_events=read.kernel_events,
         rdma=net.rdma,
         rdma_expect=net.expect,
+        topology=node_topology(cfg),
+        job_mig=scope.mig,
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
     findings += predating_findings(ctx, read, cfg.checks.settings, cfg.checks.disabled)
@@ -268,7 +277,7 @@ def judge(
         CURSOR_KEY: read.cursor,
         INVENTORY_KEY: _inventory(stored.get(INVENTORY_KEY), snapshot),
     }
-    return Judged(result, state)
+    return Judged(result, state, (gpus, scope.mig) if scope.mig else None)
 
 
 def check_node(
@@ -348,7 +357,7 @@ def check_within(
     budget.enter("checks")
     judged = judge(
         cfg, snapshot, log_read, stored, notes, phase=phase, gpus=job.gpus, job_id=job.job_id,
-        duration_s=budget.elapsed(),
+        duration_s=budget.elapsed(), job_mig=job.mig,
     )  # fmt: skip
     budget.enter("decided")
     return judged
@@ -361,6 +370,7 @@ def _snapshot_within(
     (hooks/snapshot_cache.py; the epilog reads its own: it looks for what the job left);
     a read made here gets the snapshot timeout the budget still allows."""
     from slurmhealth.hooks.budget import DECISION_RESERVE_S, BudgetSpent
+    from slurmhealth.hooks.gpu_scope import snapshot_indices
     from slurmhealth.hooks.snapshot_cache import shared_snapshot
 
     cut: list[float] = []
@@ -375,12 +385,13 @@ def _snapshot_within(
         finally:
             backend.close()
 
-    if phase != "prolog":
-        got: tuple[NodeSnapshot, str | None] | None = take(job.gpus)
+    indices = snapshot_indices(cfg, job.gpus)  # every GPU where job.gpus index MIG devices
+    if phase != "prolog" or indices is None:
+        got: tuple[NodeSnapshot, str | None] | None = take(indices)
     else:
         run_dir = cfg.expand(cfg.paths.run_dir, job.node)
         wait = budget.bound(math.inf, DECISION_RESERVE_S)
-        got = shared_snapshot(run_dir, take, job.gpus, wait)
+        got = shared_snapshot(run_dir, take, indices, wait)
     if got is None:
         raise BudgetSpent(budget.stage, "another prolog held the node's snapshot lock")
     if cut and any(g.status == GpuStatus.UNRESPONSIVE for g in got[0].gpus):

@@ -1,0 +1,84 @@
+"""Which GPUs (and MIG instances) a run judges, and which design they are judged by.
+
+- ``[gpu] mig_gres = true``: the node's Slurm GPU GRES are MIG devices (typed MIG GPUs in
+  gres.conf, or AutoDetect=nvml with MIG on), so ``SLURM_JOB_GPUS`` indexes MIG devices in
+  NVML order, not GPUs (checks/mig.py :func:`resolve`). MIG UUIDs (``MIG-...``) a job names
+  are mapped by UUID on any node. The run then judges the parent GPUs (shared hardware) and
+  the job's instances.
+- ``[gpu.topology."HOSTLIST"]``: this node's GPU design where it departs from the SKU
+  table (checks/sku.py), the first hostlist that names the node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from slurmhealth.errors import ConfigError
+
+if TYPE_CHECKING:
+    from slurmhealth.config import Config
+    from slurmhealth.model import NodeSnapshot
+
+
+class Scope(NamedTuple):
+    snapshot: NodeSnapshot  # the parents of the job's devices (all GPUs without a job)
+    gpus: tuple[int, ...] | None
+    mig: tuple[str, ...]  # the job's MIG device UUIDs
+
+
+def snapshot_indices(cfg: Config, gpus: Sequence[int] | None) -> Sequence[int] | None:
+    """The GPU indices to read for a job's ``gpus``: every GPU where they index MIG
+    devices (which GPU holds MIG device N is known only from the read)."""
+    return None if cfg.gpu.mig_gres and gpus else gpus
+
+
+def job_scope(
+    cfg: Config, snapshot: NodeSnapshot, gpus: Sequence[int] | None, job_mig: Sequence[str]
+) -> Scope:
+    """The GPUs and MIG instances of the job (unchanged where nothing is MIG)."""
+    if not ((cfg.gpu.mig_gres and gpus) or job_mig):
+        return Scope(snapshot, None if gpus is None else tuple(gpus), ())
+    from slurmhealth.checks.mig import resolve
+
+    gres = tuple(gpus or ()) if cfg.gpu.mig_gres else ()
+    parents, migs = resolve(snapshot, gres, job_mig)
+    # also the plain GPU indices a mixed list names (on a node without mig_gres)
+    parents = tuple(sorted({*parents, *(() if cfg.gpu.mig_gres else gpus or ())}))
+    kept = tuple(g for g in snapshot.gpus if g.index in parents)
+    return Scope(dataclasses.replace(snapshot, gpus=kept), parents, migs)
+
+
+def node_topology(cfg: Config) -> dict[str, Any]:
+    """This node's ``[gpu.topology."HOSTLIST"]`` table, validated (unknown keys or SKUs,
+    and values that are not whole numbers, are configuration errors naming the key)."""
+    from slurmhealth.checks.sku import KEYS, skus
+    from slurmhealth.slurm_base import HostlistError, expand_hostlist
+
+    source = cfg.sources.get("gpu.topology", "config")
+    for pattern, table in cfg.gpu.topology.items():
+        where = f"gpu.topology.{pattern}"
+        if not isinstance(table, dict):
+            raise ConfigError(source, where, "expected a table of design values")
+        for key, value in table.items():
+            if key == "sku":
+                if value not in skus():
+                    raise ConfigError(
+                        source, f"{where}.sku", f"unknown SKU (known: {', '.join(skus())})"
+                    )
+            elif key not in KEYS:
+                raise ConfigError(
+                    source, f"{where}.{key}", f"unknown key (known: sku, {', '.join(KEYS)})"
+                )
+            elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+                raise ConfigError(
+                    source, f"{where}.{key}", f"expected a whole number >= 0: {value!r}"
+                )
+        try:
+            names = expand_hostlist(pattern)
+        except HostlistError as exc:
+            raise ConfigError(source, where, f"not a hostlist: {exc}") from None
+        if cfg.node_name in names:
+            return dict(table)
+    return {}
