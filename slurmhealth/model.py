@@ -238,6 +238,15 @@ class GpuState:
 
 
 @dataclass(frozen=True)
+class ImexState:
+    """The node's IMEX service for multi-node NVLink (``slurmhealth.gpu.imex``)."""
+
+    daemon_running: bool | None  # None: /proc could not be read
+    channels: tuple[str, ...]  # character devices channelN in channel_dir
+    channel_dir: str = "/dev/nvidia-caps-imex-channels"
+
+
+@dataclass(frozen=True)
 class NodeSnapshot:
     """One node's GPUs at one moment. ``ts`` is UTC seconds since the epoch."""
 

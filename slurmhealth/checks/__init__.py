@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.errors import ConfigError
-from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
+from slurmhealth.model import (
+    Action,
+    Finding,
+    GpuState,
+    ImexState,
+    NodeSnapshot,
+    Severity,
+    XidEvent,
+)
 
 if TYPE_CHECKING:  # the RDMA model loads only where the devices were read
     from slurmhealth.model_records import KernelEvent  # built only where a fault was read
@@ -50,6 +58,7 @@ class CheckContext:
     # this node's [gpu.topology."HOSTLIST"] override of its GPUs' design (checks/sku.py)
     topology: Mapping[str, Any] = field(default_factory=dict)
     job_mig: tuple[str, ...] = ()  # the job's MIG device UUIDs (CUDA_VISIBLE_DEVICES), if any
+    imex: ImexState | None = None  # read where the job's partition needs multi-node NVLink
 
     @functools.cached_property
     def counters(self) -> dict[str, dict[str, int]]:

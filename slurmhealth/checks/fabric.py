@@ -88,3 +88,37 @@ def _health(g: GpuState) -> list[Finding]:
             cluster_uuid=g.fabric_cluster_uuid,
         )
     ]
+
+
+@check(
+    "imex",
+    "Where the job's partition runs multi-node NVLink jobs ([gpu] imex_partitions), the "
+    "nvidia-imex daemon runs on the node and at least one IMEX channel exists "
+    "(/dev/nvidia-caps-imex-channels/channelN).",
+    action=Action.DRAIN,
+    hint="multi-node NVLink jobs need IMEX: check `systemctl status nvidia-imex`, its "
+    "nodes_config.cfg, and that the channel device exists (nvidia-modprobe -i 0 or the "
+    "driver's NVreg_CreateImexChannel0=1)",
+)
+def imex(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    state = ctx.imex
+    if state is None:
+        return []
+    missing = []
+    if state.daemon_running is False:
+        missing.append("the nvidia-imex daemon is not running")
+    if not state.channels:
+        missing.append(f"no IMEX channel in {state.channel_dir}")
+    if not missing:
+        return []
+    return [
+        finding(
+            "imex",
+            Severity.FAIL,
+            None,
+            "IMEX not ready for multi-node NVLink: " + "; ".join(missing),
+            daemon_running=state.daemon_running,
+            channels=list(state.channels),
+            channel_dir=state.channel_dir,
+        )
+    ]

@@ -56,12 +56,12 @@ def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]
 
 
 def _expected_links(ctx: CheckContext, g: GpuState) -> int | None:
-    """How many NVLinks the GPU's design has active: gpu.nvlinks_per_model, else the node
-    set's [gpu.topology] override or the SKU table; None for a model neither knows."""
+    """How many NVLinks the GPU's design has active: the node set's [gpu.topology]
+    override, else gpu.nvlinks_per_model, else the SKU table; None for a model none knows."""
     from slurmhealth.checks.sku import design
 
     configured = ctx.nvlinks_per_model.get(g.name or "")
-    if configured:
+    if configured and not {"nvlinks", "sku"} & set(ctx.topology):
         return configured
     sku = design(g.name, ctx.topology)
     return None if sku is None else sku.nvlinks

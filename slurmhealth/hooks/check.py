@@ -223,16 +223,16 @@ def judge(
     job_id: str | None,
     duration_s: float,
     job_mig: Sequence[str] = (),
+    partition: str | None = None,
 ) -> Judged:
-    """Run the check catalog over ``snapshot`` and the new kernel-log lines (the job's MIG
-    devices: ``gpus`` read through hooks/gpu_scope.py)."""
+    """Run the check catalog over ``snapshot`` and the new kernel-log lines (MIG: gpu_scope)."""
     from slurmhealth.checks import CheckContext, counters, run_checks
-    from slurmhealth.hooks.gpu_scope import job_scope, node_topology
+    from slurmhealth.hooks.gpu_scope import imex_for, job_scope, node_topology
     from slurmhealth.hooks.kernel_read import predating_findings
+    from slurmhealth.hooks.rdma_read import read_rdma_for_checks
 
     scope = job_scope(cfg, snapshot, gpus, job_mig)
     snapshot, gpus = scope.snapshot, scope.gpus
-    from slurmhealth.hooks.rdma_read import read_rdma_for_checks
 
     read, source = log_read
     if read.error:
@@ -252,6 +252,7 @@ def judge(
         rdma_expect=net.expect,
         topology=node_topology(cfg),
         job_mig=scope.mig,
+        imex=imex_for(cfg, partition),
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
     findings += predating_findings(ctx, read, cfg.checks.settings, cfg.checks.disabled)
@@ -357,7 +358,7 @@ def check_within(
     budget.enter("checks")
     judged = judge(
         cfg, snapshot, log_read, stored, notes, phase=phase, gpus=job.gpus, job_id=job.job_id,
-        duration_s=budget.elapsed(), job_mig=job.mig,
+        duration_s=budget.elapsed(), job_mig=job.mig, partition=job.partition,
     )  # fmt: skip
     budget.enter("decided")
     return judged

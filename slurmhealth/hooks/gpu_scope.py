@@ -7,6 +7,7 @@
   the job's instances.
 - ``[gpu.topology."HOSTLIST"]``: this node's GPU design where it departs from the SKU
   table (checks/sku.py), the first hostlist that names the node.
+- ``[gpu] imex_partitions``: the partitions whose jobs need IMEX (multi-node NVLink).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from slurmhealth.errors import ConfigError
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
-    from slurmhealth.model import NodeSnapshot
+    from slurmhealth.model import ImexState, NodeSnapshot
 
 
 class Scope(NamedTuple):
@@ -82,3 +83,14 @@ def node_topology(cfg: Config) -> dict[str, Any]:
         if cfg.node_name in names:
             return dict(table)
     return {}
+
+
+def imex_for(cfg: Config, partition: str | None) -> ImexState | None:
+    """The node's IMEX state where the job's partition runs multi-node NVLink jobs
+    (``[gpu] imex_partitions``, ``"*"`` for every partition and for runs without a job)."""
+    wanted = cfg.gpu.imex_partitions
+    if not wanted or ("*" not in wanted and (partition or "") not in wanted):
+        return None
+    from slurmhealth.gpu.imex import read_imex
+
+    return read_imex(cfg.expand(cfg.gpu.imex_channel_dir))
