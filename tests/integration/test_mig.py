@@ -13,12 +13,12 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
 from tests.integration.conftest import CLUSTER_SCRIPT, Cluster, _run
+from tests.integration.test_sidecar import _wait
 from tests.prometheus_util import answers, free_port, get_text
 
 SCENARIO = """
@@ -30,17 +30,6 @@ gpus = 1
 """
 # the instances of the H100 in NVML order: GRES index N is GPU instance 7 + N
 FIRST_GI = 7
-
-
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _up(mig: bool) -> None:
