@@ -8,11 +8,12 @@ own design. ``gpu_sku`` warns when a GPU shows less than its design: less memory
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.errors import ConfigError, UsageError
 from slurmhealth.model import Action, Finding, Severity
 
 KEYS = ("nvlinks", "nvlink_gen", "nvlink_gbps", "pcie_gen", "pcie_width", "memory_mib")
@@ -101,3 +102,36 @@ def gpu_sku(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 )
             )
     return out
+
+
+def node_override(
+    tables: Mapping[str, Any], node: str, expand: Callable[..., Sequence[str]], source: str
+) -> dict[str, Any]:
+    """The first ``[gpu.topology."HOSTLIST"]`` table whose hostlist (``expand``: Slurm's
+    hostlist syntax) names ``node``; unknown keys or SKUs, values that are not whole
+    numbers and bad hostlists are configuration errors naming the key."""
+    for pattern, table in tables.items():
+        where = f"gpu.topology.{pattern}"
+        if not isinstance(table, dict):
+            raise ConfigError(source, where, "expected a table of design values")
+        for key, value in table.items():
+            problem = _bad_value(key, value)
+            if problem:
+                raise ConfigError(source, f"{where}.{key}", problem)
+        try:
+            names = expand(pattern)
+        except UsageError as exc:
+            raise ConfigError(source, where, f"not a hostlist: {exc}") from None
+        if node in names:
+            return dict(table)
+    return {}
+
+
+def _bad_value(key: str, value: Any) -> str:
+    if key == "sku":
+        return "" if value in skus() else f"unknown SKU (known: {', '.join(skus())})"
+    if key not in KEYS:
+        return f"unknown key (known: sku, {', '.join(KEYS)})"
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
+        return f"expected a whole number >= 0: {value!r}"
+    return ""

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from slurmhealth.errors import ConfigError
+from slurmhealth.sidecar.topology import node_topology
+
+__all__ = ["Scope", "imex_for", "job_scope", "node_topology", "snapshot_indices"]
+
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -49,40 +52,6 @@ def job_scope(
     parents = tuple(sorted({*parents, *(() if cfg.gpu.mig_gres else gpus or ())}))
     kept = tuple(g for g in snapshot.gpus if g.index in parents)
     return Scope(dataclasses.replace(snapshot, gpus=kept), parents, migs)
-
-
-def node_topology(cfg: Config) -> dict[str, Any]:
-    """This node's ``[gpu.topology."HOSTLIST"]`` table, validated (unknown keys or SKUs,
-    and values that are not whole numbers, are configuration errors naming the key)."""
-    from slurmhealth.checks.sku import KEYS, skus
-    from slurmhealth.slurm_base import HostlistError, expand_hostlist
-
-    source = cfg.sources.get("gpu.topology", "config")
-    for pattern, table in cfg.gpu.topology.items():
-        where = f"gpu.topology.{pattern}"
-        if not isinstance(table, dict):
-            raise ConfigError(source, where, "expected a table of design values")
-        for key, value in table.items():
-            if key == "sku":
-                if value not in skus():
-                    raise ConfigError(
-                        source, f"{where}.sku", f"unknown SKU (known: {', '.join(skus())})"
-                    )
-            elif key not in KEYS:
-                raise ConfigError(
-                    source, f"{where}.{key}", f"unknown key (known: sku, {', '.join(KEYS)})"
-                )
-            elif isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
-                raise ConfigError(
-                    source, f"{where}.{key}", f"expected a whole number >= 0: {value!r}"
-                )
-        try:
-            names = expand_hostlist(pattern)
-        except HostlistError as exc:
-            raise ConfigError(source, where, f"not a hostlist: {exc}") from None
-        if cfg.node_name in names:
-            return dict(table)
-    return {}
 
 
 def imex_for(cfg: Config, partition: str | None) -> ImexState | None:

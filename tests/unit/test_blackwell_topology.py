@@ -232,3 +232,27 @@ def test_imex_is_checked_only_where_the_partition_needs_it(tmp_path: Path) -> No
     result = run_check(on)
     (f,) = [f for f in result.findings if f.check == "imex"]
     assert result.exit_code == 1 and "no IMEX channel" in f.message
+
+
+def test_the_sidecar_judges_links_by_the_node_sets_design_too(tmp_path: Path) -> None:
+    """The sidecar's detectors run nvlink_inactive every interval: with the node set's
+    [gpu.topology] override a 12-link VM stays quiet; without it the job sees link events."""
+    from slurmhealth.sidecar.detectors import Detectors
+
+    scenario = tmp_path / "vm.toml"
+    links = "".join(f'nvlink.{n}.state = "inactive"\n' for n in range(12, 18))
+    scenario.write_text(f'preset = "h100-sxm"\ngpus = 2\n[all_gpus]\n{links}')
+    lib = SimulatedNvml(load_scenario(str(scenario)), "gb-01")
+    backend = NvmlBackend(lib, node="gb-01")
+    try:
+        snapshot = backend.snapshot()
+    finally:
+        backend.close()
+    (tmp_path / "c.toml").write_text("")
+    for table, quiet in (({"gb-[01-04]": {"nvlinks": 12}}, True), ({}, False)):
+        cfg = load_config(
+            str(tmp_path / "c.toml"), env={},
+            flags={"node.name": "gb-01", "gpu.topology": table},
+        )  # fmt: skip
+        events = Detectors(cfg, (0, 1)).observe(snapshot)
+        assert (not [e for e in events if "nvlink" in e.kind]) is quiet, events
