@@ -258,3 +258,17 @@ def test_job_series_cover_its_own_instances_only(tmp_path: Path) -> None:
 @pytest.mark.parametrize("scenario", ["mig-h100", "mig-a100-mixed", "mig-xid-contained"])
 def test_mig_scenarios_exit_zero(scenario: str, tmp_path: Path) -> None:
     assert _check_cli(scenario, tmp_path).returncode == 0
+
+
+def test_other_jobs_on_the_same_gpu_never_make_a_slice_prolog_fail(tmp_path: Path) -> None:
+    """In MIG mode the parent GPU shows every instance's processes and memory: the jobs on
+    the other slices are no leftovers (stale_job judges GPUs outside MIG mode only)."""
+    scenario = tmp_path / "busy.toml"
+    scenario.write_text(
+        'preset = "h100-sxm-mig"\n[gpu.2]\nmemory_used_mib = 20000\n'
+        "processes = [{ pid = 31, used_mib = 9000 }, { pid = 32, used_mib = 9000 }]\n"
+    )
+    result, db = _prolog(tmp_path, "mig-h100", str(GRES_GI9_ON_GPU2),
+                         **{"gpu.sim_scenario": str(scenario)})  # fmt: skip
+    assert (result.exit_code, result.status) == (0, "ok")
+    assert _rows(db, "findings") == []
