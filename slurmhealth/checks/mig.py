@@ -112,7 +112,7 @@ def _in_scope(ctx: CheckContext, mig: MigDevice) -> bool:
     "`nvidia-smi -q -i N` (MIG devices) and kill the leftovers; reset the instance "
     "(nvidia-smi mig -dci/-dgi, recreate) if they do not go",
     thresholds={"max_memory_used_mib": 64},
-    phases=(*PRE_JOB, "check"),
+    phases=PRE_JOB,
 )
 def mig_instance(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
@@ -122,8 +122,6 @@ def mig_instance(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 continue
             procs = len(m.processes or ())
             used = None if m.memory_used_bytes is None else m.memory_used_bytes >> 20
-            if ctx.phase == "check" and not ctx.job_mig:
-                continue  # by hand on a busy node: jobs may be running on the instances
             if procs or (used is not None and used > th["max_memory_used_mib"]):
                 out.append(
                     finding(
