@@ -223,6 +223,12 @@ def explain(xid: int) -> dict[str, Any]:
         "source": info.source or None,
         "catalog": CATALOG_URL,
     }
+    if 144 <= xid <= 150:
+        out["decode"] = (
+            "judged by the line's sub component and error status (the catalog's XID 144-150 "
+            "Decode, intrInfo encoded as before or from driver R575): fatal rows reset the GPU, "
+            "others are recorded; this row applies when the line carries no such fields"
+        )
     if info.immediate == "UNBUCKETED":
         out["reason"] = (
             "NVIDIA's catalog lists this Xid without a resolution bucket yet, so slurmhealth "

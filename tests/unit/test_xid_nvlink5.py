@@ -112,3 +112,11 @@ def test_unknown_status_follows_the_line_word() -> None:
 def test_a_line_without_the_fields_keeps_the_catalog_row() -> None:
     info = judge(event("NVRM: Xid (PCI:0008:01:00): 149, pid=1, name=x, NVLink error"))
     assert info.basis == "catalog" and info.acts  # WORKFLOW_NVLINK5_ERR drains
+
+
+def test_xid_explains_the_nvlink5_decode() -> None:
+    from slurmhealth.checks.xid_table import explain
+
+    out = explain(149)
+    assert out["mnemonic"] == "NVLINK_NETIR_ERROR" and "R575" in out["decode"]
+    assert "decode" not in explain(79)
