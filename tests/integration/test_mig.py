@@ -31,11 +31,25 @@ gpus = 1
 FIRST_GI = 7
 
 
-def _up(mig: bool) -> None:
+def _cluster(command: str, mig: bool) -> None:
     env = {**os.environ, "SLURMHEALTH_CLUSTER_MIG": "1" if mig else "0"}
-    proc = subprocess.run([str(CLUSTER_SCRIPT), "up"], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run([str(CLUSTER_SCRIPT), command], env=env, capture_output=True,
+                          text=True, timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _switch(mig: bool) -> None:
+    """`scripts/cluster up` in the layout asked for; where Slurm does not take a node's new
+    GRES from `scontrol reconfigure`, the daemons are restarted (down, up)."""
+    want = "1g.10gb:7" if mig else "h100:8"
+    _cluster("up", mig)
+    deadline = time.monotonic() + 15
+    while want not in _gres("n3") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if want not in _gres("n3"):
+        _cluster("down", mig)
+        _cluster("up", mig)
+    _wait(lambda: want in _gres("n3"), 60, f"n3 to offer gpu:{want}")
 
 
 def _gres(node: str) -> str:
@@ -47,15 +61,13 @@ def _gres(node: str) -> str:
 @pytest.fixture
 def mig_cluster(healthy: Cluster) -> Iterator[Cluster]:
     try:
-        _up(mig=True)
-        _wait(lambda: "1g.10gb:7" in _gres("n3"), 60, "n3 to offer gpu:1g.10gb:7")
+        _switch(mig=True)
         healthy.resume_all(timeout=60)
         healthy.set_scenario(SCENARIO)
         yield healthy
     finally:
         healthy.wait_idle()
-        _up(mig=False)  # the default layout back for every other test
-        _wait(lambda: "h100:8" in _gres("n3"), 60, "n3 to offer gpu:h100:8 again")
+        _switch(mig=False)  # the default layout back for every other test
         healthy.set_scenario("healthy")
         healthy.resume_all(timeout=60)
 
