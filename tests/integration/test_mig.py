@@ -12,6 +12,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
