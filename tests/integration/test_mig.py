@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from functools import partial
 
 import pytest
 
@@ -88,6 +89,10 @@ def _series(text: str, name: str, job_id: str) -> list[dict[str, str]]:
     return out
 
 
+def _scrape(url: str, name: str, job_id: str) -> list[dict[str, str]]:
+    return _series(get_text(url), name, job_id)
+
+
 def test_a_job_on_one_mig_slice_is_checked_and_labelled_for_that_slice(
     mig_cluster: Cluster,
 ) -> None:
@@ -106,7 +111,7 @@ def test_a_job_on_one_mig_slice_is_checked_and_labelled_for_that_slice(
         seen: dict[str, dict[str, str]] = {}
         name = "slurmhealth_mig_memory_total_bytes"
         for job in (first, second):
-            rows = _wait(lambda j=job: _series(get_text(url), name, j.job_id), 15,
+            rows = _wait(partial(_scrape, url, name, job.job_id), 15,
                          f"job {job.job_id}'s MIG series")  # fmt: skip
             (row,) = rows  # one slice: one series, none for the node's other six slices
             assert row["gpu"] == "0" and row["mig_uuid"].startswith("MIG-")
