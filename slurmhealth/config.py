@@ -55,6 +55,14 @@ class GpuConfig:
             "NVIDIA A100-SXM4-40GB": 12,
         }
     )
+    # a node set's GPU design where it departs from checks/sku_table.toml:
+    # [gpu.topology."gpu-nvl[01-16]"] sku = "h100-nvl" / nvlinks = 12 / pcie_width = 8 ...
+    topology: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mig_gres: bool = False  # the node's GPU GRES are MIG devices (SLURM_JOB_GPUS indexes them)
+    # partitions whose jobs use multi-node NVLink (GB200 NVL72): IMEX daemon and channel
+    # checked in their prologs; "*" = every partition
+    imex_partitions: list[str] = field(default_factory=list)
+    imex_channel_dir: str = "/dev/nvidia-caps-imex-channels"
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -265,6 +265,8 @@ class SidecarCollector(Collector):
             fams.add(g, (*job, str(g.index), uuid))
             models.append(model)
         yield from fams.families()
+        if self._full:
+            yield from _mig_families(gpus, job)
         yield from self._job_families(state, job, gpus, next((m for m in models if m), ""))
 
     def _identity(self, g: GpuState) -> tuple[str, str]:
@@ -361,6 +363,29 @@ def _rdma_families(state: ExportState, job: tuple[str, ...], per_counter: bool) 
         if sent is not None:
             tx.add_metric(lv, sent)
     yield from (up, rate, errors, rx, tx)
+
+
+MIG_LABELS = (*GPU_LABELS, "gpu_instance", "compute_instance", "mig_uuid")
+
+
+def _mig_families(gpus: tuple[GpuState, ...], job: tuple[str, ...]) -> Iterator[Metric]:
+    """One series per MIG instance of the job (the sidecar keeps only the job's), labelled
+    with its parent GPU and its instance ids (docs/mig.md)."""
+    if not any(g.mig_devices for g in gpus):
+        return
+    used = _gauge("mig_memory_used_bytes", "MIG instance memory used, bytes.", MIG_LABELS)
+    total = _gauge("mig_memory_total_bytes", "MIG instance memory, bytes.", MIG_LABELS)
+    procs = _gauge("mig_processes", "Compute processes on the MIG instance.", MIG_LABELS)
+    for g in gpus:
+        for m in g.mig_devices or ():
+            lv = (*job, str(g.index), g.uuid or "", str(m.gpu_instance_id),
+                  str(m.compute_instance_id), m.uuid or "")  # fmt: skip
+            for fam, v in ((used, m.memory_used_bytes), (total, m.memory_total_bytes)):
+                if v is not None:
+                    fam.add_metric(lv, float(v))
+            if m.processes is not None:
+                procs.add_metric(lv, float(len(m.processes)))
+    yield from (used, total, procs)
 
 
 def _event_key(item: tuple[tuple[str, int | None], int]) -> tuple[str, int]:

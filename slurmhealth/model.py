@@ -28,6 +28,35 @@ CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
 (nvidia-smi -q -d PERFORMANCE "Clocks Event Reasons", DCGM_FI_DEV_CLOCK_THROTTLE_REASONS)."""
 
 
+FABRIC_HEALTH_FIELDS: Mapping[str, tuple[int, int, Mapping[int, str]]] = MappingProxyType(
+    {  # name: (shift, width mask, {value: meaning}); value 0 is "not supported" in every one
+        "degraded_bw": (0, 0x3, {1: "degraded", 2: "full"}),
+        "route_recovery": (2, 0x3, {1: "in_progress", 2: "none"}),
+        "route_unhealthy": (4, 0x3, {1: "unhealthy", 2: "healthy"}),
+        "access_timeout_recovery": (6, 0x3, {1: "in_progress", 2: "none"}),
+        "incorrect_configuration": (8, 0xF, {
+            1: "none", 2: "incorrect_sysguid", 3: "incorrect_chassis_sn", 4: "no_partition",
+            5: "insufficient_nvlinks", 6: "incompatible_gpu_fw", 7: "invalid_location",
+            8: "gpu_state_invalid",
+        }),
+        "partition_assigned": (12, 0x3, {1: "assigned", 2: "unassigned"}),
+        "gfm_state": (14, 0x3, {1: "connected", 2: "disconnected"}),
+    }
+)  # fmt: skip
+"""The fields of ``nvmlGpuFabricInfo_v2_t.healthMask`` (NVML_GPU_FABRIC_HEALTH_MASK_*:
+shift, width, values), as ``nvidia-smi -q`` prints them under "Fabric > Health"."""
+
+
+def fabric_health(mask: int) -> dict[str, str]:
+    """Each health field's meaning in a fabric health mask; fields not supported left out."""
+    out = {}
+    for name, (shift, width, values) in FABRIC_HEALTH_FIELDS.items():
+        value = (mask >> shift) & width
+        if value:
+            out[name] = values.get(value, f"unknown({value})")
+    return out
+
+
 def clock_event_names(mask: int) -> list[str]:
     """The names of the reasons set in a clock-event bitmask, in bit order."""
     return [name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit]
@@ -133,6 +162,22 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance of a GPU instance) of a GPU in MIG mode
+    (``nvidia-smi -L`` lists it as ``MIG 1g.10gb Device 0: (UUID: MIG-...)``). Memory in
+    bytes; ``processes`` run on this instance only."""
+
+    index: int  # nvmlDeviceGetMigDeviceHandleByIndex's index on the parent GPU
+    uuid: str | None
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    name: str | None = None  # e.g. "NVIDIA H100 80GB HBM3 MIG 1g.10gb"
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+
+
+@dataclass(frozen=True)
 class GpuState:
     """Everything read from one GPU in one pass (``nvidia-smi -q -i N``).
 
@@ -180,10 +225,25 @@ class GpuState:
     fabric_state: str | None = None  # not_started | in_progress | completed
     fabric_status: str | None = None  # "ok" or NVML's error text for the fabric
     processes: tuple[GpuProcess, ...] | None = None
+    # nvmlDeviceGetGpuFabricInfoV (multi-node NVLink, GB200 NVL72): None where not supported
+    fabric_clique_id: int | None = None
+    fabric_cluster_uuid: str | None = None
+    fabric_health_mask: int | None = None  # NVML_GPU_FABRIC_HEALTH_MASK_* fields
+    mig_mode: bool | None = None  # nvmlDeviceGetMigMode's current mode
+    mig_devices: tuple[MigDevice, ...] | None = None  # in MIG mode: its instances
 
     @property
     def readable(self) -> bool:
         return self.status is GpuStatus.OK
+
+
+@dataclass(frozen=True)
+class ImexState:
+    """The node's IMEX service for multi-node NVLink (``slurmhealth.gpu.imex``)."""
+
+    daemon_running: bool | None  # None: /proc could not be read
+    channels: tuple[str, ...]  # character devices channelN in channel_dir
+    channel_dir: str = "/dev/nvidia-caps-imex-channels"
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ class Job:
     comment: str = ""
     extra: str = ""
     exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
+    mig: tuple[str, ...] = ()  # the job's MIG device UUIDs (MIG-...), where known
 
     def opted_out(self, token: str) -> bool:
         """``token`` stands as a whole word of the comment or extra (words split at blanks,

@@ -13,7 +13,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.errors import ConfigError
-from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
+from slurmhealth.model import (
+    Action,
+    Finding,
+    GpuState,
+    ImexState,
+    NodeSnapshot,
+    Severity,
+    XidEvent,
+)
 
 if TYPE_CHECKING:  # the RDMA model loads only where the devices were read
     from slurmhealth.model_records import KernelEvent  # built only where a fault was read
@@ -47,6 +55,10 @@ class CheckContext:
     kernel_events: tuple[KernelEvent, ...] = ()  # kernel-log faults other than Xids
     rdma: RdmaSnapshot | None = None  # the node's HCAs (slurmhealth.rdma); None = not read
     rdma_expect: RdmaExpect | None = None  # config [rdma]; None = nothing expected
+    # this node's [gpu.topology."HOSTLIST"] override of its GPUs' design (checks/sku.py)
+    topology: Mapping[str, Any] = field(default_factory=dict)
+    job_mig: tuple[str, ...] = ()  # the job's MIG device UUIDs (CUDA_VISIBLE_DEVICES), if any
+    imex: ImexState | None = None  # read where the job's partition needs multi-node NVLink
 
     @functools.cached_property
     def counters(self) -> dict[str, dict[str, int]]:
@@ -126,10 +138,12 @@ def catalog() -> dict[str, CheckSpec]:
         fabric,
         gpu,
         memory,
+        mig,
         network,
         network_kernel,
         nvlink,
         pcie,
+        sku,
         thermal,
         xid,
     )

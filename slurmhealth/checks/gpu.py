@@ -154,7 +154,8 @@ def persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding
 @check(
     "stale_job",
     "No process and no more than max_memory_used_mib of memory on a GPU before a job starts "
-    "(judged only where no job should run: prolog, idle health check, validate).",
+    "(judged only where no job should run: prolog, idle health check, validate; a GPU in "
+    "MIG mode is judged per instance by mig_instance).",
     action=Action.DRAIN,
     hint="a previous job left processes or memory on the GPU: "
     "`nvidia-smi --query-compute-apps=pid,used_memory --format=csv`; kill them and resume",
@@ -164,6 +165,8 @@ def persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding
 def stale_job(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
+        if g.mig_mode:  # its instances run other jobs: each is judged alone (mig_instance)
+            continue
         pids = [p.pid for p in g.processes or ()]
         used_mib = None if g.memory_used_bytes is None else g.memory_used_bytes / 2**20
         if pids:

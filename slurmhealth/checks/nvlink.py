@@ -12,8 +12,10 @@ from slurmhealth.model import Action, Finding, GpuState, Severity
 
 @check(
     "nvlink_inactive",
-    "Every NVLink the GPU model should have is active (gpu.nvlinks_per_model; for models not "
-    "listed, every link NVML reports on a node that has active links).",
+    "As many NVLinks are active as the GPU's design has (gpu.nvlinks_per_model, else the "
+    "SKU table or the node set's [gpu.topology]; a link the design lacks is never failed); "
+    "for models neither knows, every link NVML reports on a node that has active links. Not "
+    "judged in MIG mode.",
     action=Action.DRAIN,
     hint="an NVLink is down and NCCL will fall back to slower paths: check "
     "`nvidia-smi nvlink -s -i N`, the NVSwitch trays and fabric manager; reset or reboot",
@@ -23,16 +25,18 @@ def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]
     node_has_links = any(link.active for g in readable(ctx) for link in g.nvlinks or ())
     out = []
     for g in readable(ctx):
-        expected = ctx.nvlinks_per_model.get(g.name or "")
-        if g.nvlinks is None:  # NVLink state not supported: unknown, never a failure
+        if g.nvlinks is None or g.mig_mode:  # not supported, or not used in MIG mode
             continue
+        expected = _expected_links(ctx, g)
         state = {link.link: link for link in g.nvlinks or ()}
-        if expected:
-            wanted = list(range(expected))
-        elif node_has_links:
-            wanted = sorted(state)
-        else:
+        if expected is None and not node_has_links:
             continue
+        if expected is None:  # a model the table does not know: every link NVML reports
+            wanted = sorted(state)
+        elif sum(link.active is not False for link in state.values()) >= expected:
+            continue  # the design's count is up: links beyond it are off by design
+        else:
+            wanted = sorted(set(range(expected)) | {n for n, x in state.items() if not x.active})
         for n in wanted:
             link = state.get(n)
             if link is not None and link.active is not False:
@@ -49,6 +53,18 @@ def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]
                 )
             )
     return out
+
+
+def _expected_links(ctx: CheckContext, g: GpuState) -> int | None:
+    """How many NVLinks the GPU's design has active: the node set's [gpu.topology]
+    override, else gpu.nvlinks_per_model, else the SKU table; None for a model none knows."""
+    from slurmhealth.checks.sku import design
+
+    configured = ctx.nvlinks_per_model.get(g.name or "")
+    if configured and not {"nvlinks", "sku"} & set(ctx.topology):
+        return configured
+    sku = design(g.name, ctx.topology)
+    return None if sku is None else sku.nvlinks
 
 
 @check(

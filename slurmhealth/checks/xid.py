@@ -37,24 +37,25 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     from slurmhealth.checks.xid_table import judge
 
     by_bus = _gpus_by_bus(ctx.snapshot)
-    grouped: dict[tuple[int, str], list[XidEvent]] = {}
+    grouped: dict[tuple[int, str, str | None], list[XidEvent]] = {}
     for event in ctx.xids:
-        grouped.setdefault((event.xid, event.pci_bus_id), []).append(event)
+        grouped.setdefault((event.xid, event.pci_bus_id, event.gpu_instance), []).append(event)
     out = []
-    for (code, bus), members in grouped.items():
+    for (code, bus, _), members in grouped.items():
         gpu = by_bus.get(bus)
         first = members[0]
-        verdicts = [judge(e, _pending(gpu)) for e in members]
+        verdicts = [judge(e, _pending(gpu), ctx.snapshot.driver_version) for e in members]
         info = max(verdicts, key=lambda v: (v.action.takes_node_out, v.severity))
         count = f" (x{len(members)})" if len(members) > 1 else ""
         cause = _cause(first, ctx.xids) if code == 45 else None
         because = f", caused by Xid {cause}" if cause is not None else ""
+        where = f" {first.gpu_instance}" if first.gpu_instance else ""
         out.append(
             finding(
                 "xid",
                 info.severity,
                 gpu,
-                f"Xid {code} {info.name}{count} on {bus}{because}",
+                f"Xid {code} {info.name}{count} on {bus}{where}{because}",
                 action=info.action,
                 hint=info.hint,
                 xid=code,
@@ -66,9 +67,33 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
                 line=first.raw[:300],
                 basis=info.basis,
                 caused_by=cause,
+                **_decoded(first, ctx.snapshot.driver_version),
+                **_instance(first, gpu, info.acts),
             )
         )
     return out
+
+
+def _instance(event: XidEvent, gpu: GpuState | None, acts: bool) -> dict[str, object]:
+    """The MIG instance an Xid line names (``GPU-I:NN``). A contained one is that instance's
+    alone (its MIG UUID in the evidence); one that takes the GPU out is the whole GPU's."""
+    if event.gpu_instance is None:
+        return {}
+    from slurmhealth.checks.mig import instance_id, instance_of, mig_evidence
+
+    gi = instance_id(event.gpu_instance)
+    mig = None if acts else instance_of(gpu, gi)
+    return mig_evidence(mig) if mig is not None else {"gpu_instance": gi}
+
+
+def _decoded(event: XidEvent, driver: str | None) -> dict[str, object]:
+    """An NVLink5 Xid's decoded status fields, as evidence (nothing for other Xids)."""
+    if not 144 <= event.xid <= 150:
+        return {}
+    from slurmhealth.checks.xid_nvlink5 import decode, describe
+
+    found = decode(event.xid, event.raw, driver)
+    return {} if found is None else {"nvlink5": describe(found)}
 
 
 def _pending(gpu: GpuState | None) -> bool | None:

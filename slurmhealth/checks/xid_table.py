@@ -4,7 +4,9 @@ The table follows the immediate actions of NVIDIA's Xid catalog (ignore, restart
 reset the GPU, reboot the node, check mechanicals, contact support, or a workflow): Xids
 that point at the node (ECC, NVLink, bus, GSP firmware) take it out of service (``drain``
 or ``reset``); application-level Xids (13, 31, 43, 45, 68) are recorded only. An Xid missing
-from the table is a warning to look up, never a reason to drain. When the Xid line carries
+from the table, or listed by NVIDIA without a resolution bucket yet (bucket ``UNBUCKETED``,
+e.g. 162-172), is a warning, never a reason to drain. NVLink5 Xids 144-150 are decoded by
+their status fields (:mod:`slurmhealth.checks.xid_nvlink5`). When the Xid line carries
 the driver's own verdict (``Contained:``, ``RST:``, ``D-RST:``, Xid 154's recovery action),
 :func:`judge` lets it override the table.
 """
@@ -29,7 +31,7 @@ class XidInfo:
 
     ``immediate`` is the catalog's immediate action (e.g. ``RESET_GPU``), ``source`` the
     catalog row (and any departure from it), ``basis`` what decided the verdict: ``catalog``,
-    ``driver`` (the line's own fields) or ``unknown``.
+    ``driver`` (the line's own fields), ``decode`` (NVLink5 status fields) or ``unknown``.
     """
 
     xid: int
@@ -146,13 +148,15 @@ def classify(xid: int, remap_pending: bool | None = None) -> XidInfo:
     )
 
 
-def judge(event: XidEvent, remap_pending: bool | None = None) -> XidInfo:
+def judge(event: XidEvent, remap_pending: bool | None = None, driver: str | None = None) -> XidInfo:
     """:func:`classify`, overridden by the driver's own verdict on the line when present.
 
     ``D-RST: Yes`` drains and resets; ``RST: Yes`` or ``Uncontained:`` resets; a contained
     error the driver needs no reset for (``Contained: ... RST: No, D-RST: No``) warns and is
     recorded, never drained (a pending row remap is the row-remap check's to judge). Xid 154
-    does the recovery action it names; Xid 45 points at the Xid that caused it.
+    does the recovery action it names; Xid 45 points at the Xid that caused it. NVLink5 Xids
+    144-150 go by their decoded status fields (``driver``: the driver version, which picks
+    the encoding when the line does not tell).
     """
     info = classify(event.xid, remap_pending)
     if event.drain_reset_required:
@@ -161,6 +165,15 @@ def judge(event: XidEvent, remap_pending: bool | None = None) -> XidInfo:
         return _driver(info, max(info.severity, Severity.FAIL), Action.RESET, _RST_HINT)
     if event.contained or (event.reset_required is False and event.drain_reset_required is False):
         return _driver(info, Severity.WARN, Action.RECORD, _CONTAINED_HINT)
+    if 144 <= event.xid <= 150:
+        from slurmhealth.checks.xid_nvlink5 import decode, verdict
+
+        decoded = decode(event.xid, event.raw, driver)
+        if decoded is not None:
+            severity, action, hint = verdict(decoded)
+            return dataclasses.replace(
+                info, severity=severity, action=action, hint=hint, basis="decode"
+            )
     recovery = _RECOVERY.get(-1 if event.recovery_action is None else event.recovery_action)
     if event.xid == 154 and recovery is not None:
         what, severity, action, hint = recovery
@@ -186,6 +199,12 @@ _CONTAINED_HINT = (
 )
 
 
+def catalog_rows() -> dict[int, tuple[str, str]]:
+    """``{xid: (mnemonic, immediate action)}`` for every row of the packaged catalog (what
+    ``scripts/xid-catalog-diff`` compares with NVIDIA's published spreadsheet)."""
+    return {x: (r.mnemonic, r.immediate) for x, r in _catalog().rows.items()}
+
+
 def explain(xid: int) -> dict[str, Any]:
     """Everything slurmhealth knows about Xid ``xid``, for ``slurmhealth xid N``."""
     cat = _catalog()
@@ -204,6 +223,17 @@ def explain(xid: int) -> dict[str, Any]:
         "source": info.source or None,
         "catalog": CATALOG_URL,
     }
+    if 144 <= xid <= 150:
+        out["decode"] = (
+            "judged by the line's sub component and error status (the catalog's XID 144-150 "
+            "Decode, intrInfo encoded as before or from driver R575): fatal rows reset the GPU, "
+            "others are recorded; this row applies when the line carries no such fields"
+        )
+    if info.immediate == "UNBUCKETED":
+        out["reason"] = (
+            "NVIDIA's catalog lists this Xid without a resolution bucket yet, so slurmhealth "
+            "records it as a warning and never drains for it"
+        )
     if xid == 63:
         out["severity"] = "fail if a row remap is pending, info if not, warn if unknown"
         out["action"] = "drain if a row remap is pending, else record"

@@ -19,9 +19,11 @@ def config() -> None:
 def config_check(ctx: Ctx, as_json: bool) -> None:
     """Validate the config (and the scenario, for the simulator); exit 2 on an error."""
     from slurmhealth.checks import validate_settings
+    from slurmhealth.hooks.gpu_scope import node_topology
 
     cfg = ctx.config()
     validate_settings(cfg.checks.settings, cfg.checks.disabled, cfg.sources)
+    node_topology(cfg)  # [gpu.topology.HOSTLIST] tables: keys, SKUs, hostlists
     if cfg.gpu.backend == "sim":
         from slurmhealth.gpu.scenario import load_scenario
 

@@ -14,7 +14,6 @@ Error meaning (decided here, nowhere else):
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from typing import Any
 
 from slurmhealth.errors import GpuBackendError
 from slurmhealth.gpu.nvlink_counters import LINK_COUNTERS, read_link_errors
+from slurmhealth.gpu.nvml_fabric_mig import read_fabric, read_mig
 from slurmhealth.model import (
     GpuProcess,
     GpuState,
@@ -113,15 +113,12 @@ class _Reader:
         if h is None:
             return GpuState(self.index, GpuStatus.ERROR, error="; ".join(self.errors) or None)
         fields = self._identity(h) | self._load(h) | self._links_and_clocks(h)
-        fields |= self._memory_errors(h)
-        fabric_state, fabric_status = self._fabric(h)
+        fields |= self._memory_errors(h) | read_fabric(self, h) | read_mig(self, h)
         procs = self.call("nvmlDeviceGetComputeRunningProcesses", h)
         return GpuState(
             index=self.index,
             **fields,
             nvlinks=self._nvlinks(h),
-            fabric_state=fabric_state,
-            fabric_status=fabric_status,
             processes=None
             if procs is None
             else tuple(GpuProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in procs),
@@ -224,15 +221,6 @@ class _Reader:
                 )
             )
         return tuple(links) if links else None
-
-    def _fabric(self, h: Any) -> tuple[str | None, str | None]:
-        """(state, status) of the GPU's NVSwitch fabric registration; (None, None) if none."""
-        info = self.lib.c_nvmlGpuFabricInfo_t()
-        if self.call("nvmlDeviceGetGpuFabricInfo", h, ctypes.byref(info)) is None:
-            return None, None
-        states = {0: None, 1: "not_started", 2: "in_progress", 3: "completed"}
-        status = int(info.status)
-        return states.get(int(info.state)), "ok" if status == 0 else str(self.lib.NVMLError(status))
 
 
 def _opt_text(value: Any) -> str | None:

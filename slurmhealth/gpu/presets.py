@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid as uuidlib
 from typing import Any
 
+from slurmhealth.gpu.presets_more import MORE_PRESETS, more_model
+
 _H100_BUS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
 _SWITCH_OF_LINK = [0] * 5 + [1] * 4 + [2] * 4 + [3] * 5  # DGX H100: 4 NVSwitches, 5/4/4/5
 
@@ -42,6 +44,11 @@ def preset_gpu(preset: str, node: str, index: int) -> dict[str, Any]:
         "retired_pages_pending": False,
         "fabric_state": "completed",
         "fabric_status": "ok",
+        "fabric_clique_id": 0,
+        "fabric_cluster_uuid": "",
+        "fabric_health": ["not_supported"],
+        "mig_mode": False,
+        "mig_devices": [],
         "processes": [],
         "lost": False,
         "reset_required": False,
@@ -50,16 +57,17 @@ def preset_gpu(preset: str, node: str, index: int) -> dict[str, Any]:
         "not_supported": [],
         "energy_j": 1.5e6 + index * 1000.0,
     }
-    model, remote, version = _model(preset, index)
+    model, remote, version = _model(preset, node, index)
     base |= model
     for link, rem in enumerate(remote):
         p = f"nvlink.{link}."
         base |= {p + "state": "active", p + "remote_pci_bus_id": rem, p + "version": version}
         base |= {p + counter: 0 for counter in ("replay", "recovery", "crc_flit", "crc_data")}
+    base |= {k: v for k, v in model.items() if k.startswith("nvlink.")}  # e.g. off by design
     return base
 
 
-def _model(preset: str, index: int) -> tuple[dict[str, Any], list[str], int]:
+def _model(preset: str, node: str, index: int) -> tuple[dict[str, Any], list[str], int]:
     """What a GPU model changes in the healthy idle GPU: its fields, the PCI bus id at the far
     end of each NVLink, and the NVLink version."""
     base: dict[str, Any] = {}
@@ -84,13 +92,13 @@ def _model(preset: str, index: int) -> tuple[dict[str, Any], list[str], int]:
             "name": "Tesla V100-SXM2-32GB", "memory_total_mib": 32768, "power_usage_w": 42.0,
             "power_limit_w": 300.0, "sm_clock": 135, "sm_clock_max": 1530, "nvlink_count": 6,
             "pcie_gen": 3, "pcie_gen_max": 3, "mem_clock": 877, "fabric_state": "not_supported",
-            "not_supported": ["row_remap", "margin_temperature", "fabric"],
+            "not_supported": ["row_remap", "margin_temperature", "fabric", "mig"],
         }  # fmt: skip
         remote = [f"00000000:{_H100_BUS[(index + 1 + link) % 8].upper()}:00.0" for link in range(6)]
         version = 2
     else:
-        raise KeyError(preset)
+        return more_model(preset, node, index)
     return base, remote, version
 
 
-PRESETS = ("h100-sxm", "a100-sxm4", "v100-sxm2")
+PRESETS = ("h100-sxm", "a100-sxm4", "v100-sxm2", *MORE_PRESETS)

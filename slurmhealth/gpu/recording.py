@@ -163,6 +163,10 @@ class RecordingNvml:
     def _learn(self, name: str, args: tuple[Any, ...], answer: Any) -> None:
         if name == "nvmlDeviceGetHandleByIndex":
             self._encoder.learn(answer, {"handle": int(args[0])})
+        elif name == "nvmlDeviceGetMigDeviceHandleByIndex":  # a MIG device: parent + slot
+            parent = self._encoder.encode(args[0])
+            if isinstance(parent, dict) and "handle" in parent:
+                self._encoder.learn(answer, {**parent, "mig": int(args[1])})
         elif name == "nvmlEventSetCreate":
             self._encoder.learn(answer, {"event_set": self._event_sets})
             self._event_sets += 1

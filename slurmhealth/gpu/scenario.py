@@ -25,6 +25,7 @@ SUPPORT_GROUPS = (
     "power", "power_limit", "energy", "utilization", "memory", "clocks", "clock_event_reasons",
     "pcie", "pcie_replay", "ecc", "row_remap", "retired_pages", "nvlink", "nvlink_errors",
     "nvlink_counter_api", "fabric", "processes",
+    "fabric_v", "mig",  # nvmlDeviceGetGpuFabricInfoV; the MIG calls
 )  # fmt: skip
 
 GPU_FIELDS: dict[str, type] = {
@@ -42,6 +43,9 @@ GPU_FIELDS: dict[str, type] = {
     "fabric_state": str, "fabric_status": str, "processes": list,
     "lost": bool, "reset_required": bool, "hang": bool, "hang_s": float,
     "not_supported": list, "nvlink_count": int,
+    # fabric info V (gpu/presets_more.py) and MIG mode
+    "fabric_clique_id": int, "fabric_cluster_uuid": str, "fabric_health": list,
+    "mig_mode": bool, "mig_devices": list,
 }  # fmt: skip
 NVLINK_FIELDS: dict[str, type] = {
     "state": str, "remote_pci_bus_id": str, "version": int,
@@ -65,6 +69,7 @@ class Fault:
     xid_message: str = ""
     # what clears it: a GPU reset (or a reboot), a node reboot, nothing; None: time only
     clears_on: str | None = None
+    xid_gpu_instance: int | None = None  # MIG: the line names this GPU instance (GPU-I:NN)
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,12 @@ def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool
                 raise ScenarioError(src, f"{where}.{path}", "expected [{ pid = N, used_mib = M }]")
             if not isinstance(p.get("used_mib", 0), int) or set(p) - {"pid", "used_mib", "name"}:
                 raise ScenarioError(src, f"{where}.{path}", "entries take pid, used_mib, name")
+    if path in ("fabric_health", "mig_devices"):
+        from slurmhealth.gpu.sim_mig import check_fabric_health, check_mig_devices
+
+        problem = (check_fabric_health if path == "fabric_health" else check_mig_devices)(value)
+        if problem:
+            raise ScenarioError(src, f"{where}.{path}", problem)
     if path == "not_supported":
         bad = [g for g in value if g not in SUPPORT_GROUPS]
         if bad:
@@ -168,7 +179,8 @@ def _gpu_list(src: str, where: str, value: Any, count: int) -> tuple[int, ...] |
 def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
     if not isinstance(raw, dict):
         raise ScenarioError(src, where, "expected a table")
-    known = {"at", "until", "gpu", "node", "set", "rate", "xid", "xid_message", "note", "clears_on"}
+    known = {"at", "until", "gpu", "node", "set", "rate", "xid", "xid_message", "note"}
+    known |= {"clears_on", "xid_gpu_instance"}
     for key in raw:
         if key not in known:
             raise ScenarioError(src, f"{where}.{key}", f"unknown key (known: {sorted(known)})")
@@ -199,6 +211,7 @@ def _parse_fault(src: str, where: str, raw: Any, count: int) -> Fault:
         until=None if until is None else float(until),
         xid=xid,
         xid_message=str(raw.get("xid_message", "")),
+        xid_gpu_instance=_gpu_instance(src, where, raw.get("xid_gpu_instance")),
     )
 
 
@@ -221,6 +234,13 @@ def _lifetime_faults(src: str, per_gpu: Mapping[str, Any]) -> list[Fault]:
             clears = _clears_on(src, f"{where}.clears_on", table["clears_on"])
             out.append(Fault(at=0.0, gpus=(int(key),), set=sets, clears_on=clears))
     return out
+
+
+def _gpu_instance(src: str, where: str, value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value < 64):  # fmt: skip
+        raise ScenarioError(src, f"{where}.xid_gpu_instance", "expected a GPU instance id 0..63")
+    return value
 
 
 def _merged_node(src: str, data: Mapping[str, Any], node: str) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import pynvml
 from slurmhealth.gpu.scenario import CLOCK_REASONS, FABRIC_STATES, Fault, NodeScenario, Scenario
 from slurmhealth.gpu.sim_device import DeviceQueries, SimHandle
 from slurmhealth.gpu.sim_lifetime import read_lifetime, record_resets
+from slurmhealth.gpu.sim_mig import MigQueries
 
 _CONSTANTS = (
     "NVMLError", "NVML_TEMPERATURE_GPU", "NVML_CLOCK_SM", "NVML_CLOCK_MEM",
@@ -38,6 +39,7 @@ _CONSTANTS = (
     "NVML_ERROR_LIB_RM_VERSION_MISMATCH", "NVML_ERROR_FUNCTION_NOT_FOUND", "NVML_ERROR_NOT_FOUND",
     "NVML_SUCCESS", "NVML_ERROR_UNKNOWN", "c_nvmlFieldValue_t",
     *(name for name in dir(pynvml) if name.startswith(("NVML_FI_DEV_NVLINK_", "NVML_VALUE_TYPE_"))),
+    "c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2", "NVML_DEVICE_MIG_ENABLE",
 )  # fmt: skip
 
 _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
@@ -46,6 +48,11 @@ _ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
     "unknown": pynvml.NVML_ERROR_UNKNOWN,
     "not_ready": getattr(pynvml, "NVML_ERROR_NOT_READY", pynvml.NVML_ERROR_UNKNOWN),
 }
+
+
+def fabric_status_code(name: str) -> int:
+    """The NVML return code a scenario's ``fabric_status`` stands for."""
+    return int(_ERRORS.get(name, pynvml.NVML_ERROR_UNKNOWN))
 
 
 DEFAULT_RUN_DIR = "/run/slurmhealth"  # config's paths.run_dir default: root-owned
@@ -75,7 +82,7 @@ class _EventSet:
         self.freed = False
 
 
-class SimulatedNvml(DeviceQueries):
+class SimulatedNvml(MigQueries, DeviceQueries):
     """Stand-in for the ``pynvml`` module, for one node of a scenario."""
 
     def __init__(
@@ -300,9 +307,12 @@ class SimulatedNvml(DeviceQueries):
                 continue
             usec = max(0, int((self.epoch + fault.at - boot_time) * 1e6))
             for g in fault.gpus if fault.gpus is not None else range(len(self.node.gpus)):
-                bus = str(self.node.gpus[g]["pci_bus_id"]).split(":", 1)[1].rsplit(".", 1)[0]
+                domain, bus = str(self.node.gpus[g]["pci_bus_id"]).split(":", 1)
+                bus = f"{domain[-4:]}:{bus.rsplit('.', 1)[0]}".lower()
+                if fault.xid_gpu_instance is not None:  # MIG: the instance the Xid hit
+                    bus += f" GPU-I:{fault.xid_gpu_instance:02d}"
                 text = (
-                    f"NVRM: Xid (PCI:0000:{bus.lower()}): {fault.xid}, pid=4242, name=python3, "
+                    f"NVRM: Xid (PCI:{bus}): {fault.xid}, pid=4242, name=python3, "
                     f"{fault.xid_message or 'simulated fault'}"
                 )
                 # seq grows with the scenario's epoch: a later scenario's lines in the same

@@ -60,6 +60,9 @@ class CheckResult(NamedTuple):  # a tuple: cheaper to define than a frozen datac
         return 1 if self.status == "fail" else 0
 
     def to_dict(self) -> dict[str, Any]:
+        from slurmhealth.checks.mig import gpu_details, instance_results
+
+        instances = instance_results(self.snapshot, self.findings)
         return {
             "schema": "slurmhealth.check/1",
             "run_id": self.run_id,
@@ -81,6 +84,7 @@ class CheckResult(NamedTuple):  # a tuple: cheaper to define than a frozen datac
                     "name": g.name,
                     "pci_bus_id": g.pci_bus_id,
                     "status": g.status.value,
+                    **gpu_details(g, instances),
                 }
                 for g in self.snapshot.gpus
             ],
@@ -204,6 +208,7 @@ class Judged(NamedTuple):  # a tuple: cheaper to define than a frozen dataclass
 
     result: CheckResult
     state: dict[str, Any]
+    mig: tuple[tuple[int, ...] | None, tuple[str, ...]] | None = None  # a MIG job's scope
 
 
 def judge(
@@ -217,11 +222,17 @@ def judge(
     gpus: Sequence[int] | None,
     job_id: str | None,
     duration_s: float,
+    job_mig: Sequence[str] = (),
+    partition: str | None = None,
 ) -> Judged:
-    """Run the check catalog over ``snapshot`` and the new kernel-log lines."""
+    """Run the check catalog over ``snapshot`` and the new kernel-log lines (MIG: gpu_scope)."""
     from slurmhealth.checks import CheckContext, counters, run_checks
+    from slurmhealth.hooks.gpu_scope import imex_for, job_scope, node_topology
     from slurmhealth.hooks.kernel_read import predating_findings
     from slurmhealth.hooks.rdma_read import read_rdma_for_checks
+
+    scope = job_scope(cfg, snapshot, gpus, job_mig)
+    snapshot, gpus = scope.snapshot, scope.gpus
 
     read, source = log_read
     if read.error:
@@ -239,6 +250,9 @@ def judge(
         kernel_events=read.kernel_events,
         rdma=net.rdma,
         rdma_expect=net.expect,
+        topology=node_topology(cfg),
+        job_mig=scope.mig,
+        imex=imex_for(cfg, partition),
     )
     findings = run_checks(ctx, cfg.checks.settings, cfg.checks.disabled)
     findings += predating_findings(ctx, read, cfg.checks.settings, cfg.checks.disabled)
@@ -264,7 +278,7 @@ def judge(
         CURSOR_KEY: read.cursor,
         INVENTORY_KEY: _inventory(stored.get(INVENTORY_KEY), snapshot),
     }
-    return Judged(result, state)
+    return Judged(result, state, (gpus, scope.mig) if scope.mig else None)
 
 
 def check_node(
@@ -344,7 +358,7 @@ def check_within(
     budget.enter("checks")
     judged = judge(
         cfg, snapshot, log_read, stored, notes, phase=phase, gpus=job.gpus, job_id=job.job_id,
-        duration_s=budget.elapsed(),
+        duration_s=budget.elapsed(), job_mig=job.mig, partition=job.partition,
     )  # fmt: skip
     budget.enter("decided")
     return judged
@@ -357,6 +371,7 @@ def _snapshot_within(
     (hooks/snapshot_cache.py; the epilog reads its own: it looks for what the job left);
     a read made here gets the snapshot timeout the budget still allows."""
     from slurmhealth.hooks.budget import DECISION_RESERVE_S, BudgetSpent
+    from slurmhealth.hooks.gpu_scope import snapshot_indices
     from slurmhealth.hooks.snapshot_cache import shared_snapshot
 
     cut: list[float] = []
@@ -371,12 +386,13 @@ def _snapshot_within(
         finally:
             backend.close()
 
-    if phase != "prolog":
-        got: tuple[NodeSnapshot, str | None] | None = take(job.gpus)
+    indices = snapshot_indices(cfg, job.gpus)  # every GPU where job.gpus index MIG devices
+    if phase != "prolog" or indices is None:
+        got: tuple[NodeSnapshot, str | None] | None = take(indices)
     else:
         run_dir = cfg.expand(cfg.paths.run_dir, job.node)
         wait = budget.bound(math.inf, DECISION_RESERVE_S)
-        got = shared_snapshot(run_dir, take, job.gpus, wait)
+        got = shared_snapshot(run_dir, take, indices, wait)
     if got is None:
         raise BudgetSpent(budget.stage, "another prolog held the node's snapshot lock")
     if cut and any(g.status == GpuStatus.UNRESPONSIVE for g in got[0].gpus):

@@ -32,11 +32,33 @@ def job_from_env(env: Mapping[str, str], node: str) -> Job:
         qos=env.get("SLURM_JOB_QOS", ""),
         priority=int(prio) if prio.isdigit() else None,
         nodes=env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", ""),
-        gpus=parse_gpu_list(env.get("SLURM_JOB_GPUS", "")),
+        gpus=parse_gpu_list(_indices(env.get("SLURM_JOB_GPUS", ""))),
         comment=env.get("SLURM_JOB_COMMENT", ""),
         extra=env.get("SLURM_JOB_EXTRA", ""),
         exit_code=env.get("SLURM_JOB_EXIT_CODE2") or None,
+        mig=_mig_uuids(env),
     )
+
+
+def _indices(text: str) -> str:
+    """``SLURM_JOB_GPUS`` without the MIG UUIDs some setups list in it."""
+    return ",".join(t for t in text.split(",") if not t.strip().upper().startswith("MIG-"))
+
+
+def _mig_uuids(env: Mapping[str, str]) -> tuple[str, ...]:
+    """MIG device UUIDs (``MIG-<uuid>``) named in ``SLURM_JOB_GPUS`` or, where the hook sees
+    it, ``CUDA_VISIBLE_DEVICES`` (Slurm sets it to MIG UUIDs for MIG GRES): bounded, and
+    anything but ``MIG-`` plus a UUID's characters is left out."""
+    out: list[str] = []
+    for var in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        for token in env.get(var, "")[:8192].split(","):
+            t = token.strip()
+            if t.upper().startswith("MIG-") and len(t) <= 64 and _MIG_CHARS.issuperset(t[4:]):
+                out.append("MIG-" + t[4:].lower())
+    return tuple(dict.fromkeys(out))[:64]
+
+
+_MIG_CHARS = frozenset("0123456789abcdefABCDEF-/")
 
 
 def complete(job: Job, slurm: SlurmBackend, env: Mapping[str, str]) -> Job:

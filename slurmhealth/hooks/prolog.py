@@ -155,6 +155,8 @@ def run_hook(
     except (BudgetSpent, SchemaTooNew) as spent:
         return _fail_open(cfg, adapters.history, job, phase, row, budget, spent)
     result = judged.result
+    if judged.mig is not None:  # a MIG job: its parent GPUs and instances (hooks/gpu_scope.py)
+        job = dataclasses.replace(job, gpus=judged.mig[0] or (), mig=judged.mig[1])
     candidates = _drain_candidates(result.findings)
     outcome = None
     if candidates:

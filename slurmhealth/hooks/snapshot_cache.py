@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from slurmhealth.model import GpuProcess, GpuState, GpuStatus, NodeSnapshot, NvLink
+from slurmhealth.model import GpuProcess, GpuState, GpuStatus, MigDevice, NodeSnapshot, NvLink
 
 log = logging.getLogger("slurmhealth.hooks")
 
@@ -52,15 +52,24 @@ def _to_json(cached: Cached) -> str:
 
 
 def _gpu(doc: dict[str, Any]) -> GpuState:
-    links, procs = doc.get("nvlinks"), doc.get("processes")
+    links, procs, migs = doc.get("nvlinks"), doc.get("processes"), doc.get("mig_devices")
     return GpuState(
         **{
             **doc,
             "status": GpuStatus(doc["status"]),
             "nvlinks": None if links is None else tuple(NvLink(**x) for x in links),
-            "processes": None if procs is None else tuple(GpuProcess(**x) for x in procs),
+            "processes": _procs(procs),
+            "mig_devices": None if migs is None else tuple(_mig(m) for m in migs),
         }
     )
+
+
+def _procs(procs: list[dict[str, Any]] | None) -> tuple[GpuProcess, ...] | None:
+    return None if procs is None else tuple(GpuProcess(**x) for x in procs)
+
+
+def _mig(doc: dict[str, Any]) -> MigDevice:
+    return MigDevice(**{**doc, "processes": _procs(doc.get("processes"))})
 
 
 def _from_json(text: str) -> Cached:

@@ -41,6 +41,7 @@ from slurmhealth.model import Finding, GpuState, NodeSnapshot, Severity, XidEven
 from slurmhealth.model_records import KernelEvent, TaskStats
 from slurmhealth.sidecar.faults import KernelFaults
 from slurmhealth.sidecar.state import Event
+from slurmhealth.sidecar.topology import node_topology
 
 KINDS: Mapping[str, Severity] = {
     "xid": Severity.INFO,  # per Xid from the catalog and the line (judge): INFO to CRITICAL
@@ -117,6 +118,7 @@ class Detectors:
         self._checks = cfg.checks
         self._links_configured = cfg.gpu.nvlinks_per_model
         self._links_per_model = dict(self._links_configured)  # + links seen active per model
+        self._topology = node_topology(cfg, strict=False)  # the node set's design override
         self.gpus = tuple(sorted(set(gpus)))
         sc = self.cfg
         self._window_n = max(2, round(sc.straggler_window_s / max(sc.interval_s, 1e-3)))
@@ -180,6 +182,7 @@ class Detectors:
             gpus=self.gpus or None,
             nvlinks_per_model=self._links_per_model,
             counter_history=self._counters,
+            topology=self._topology,
         )
         mine = {g.index for g in gpus}
         findings = run_checks(ctx, self._checks.settings, self._checks.disabled)

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
+from slurmhealth.checks.mig import only_instances
 from slurmhealth.config import Config
 from slurmhealth.errors import StoreError
 from slurmhealth.history import Batch, History, rows
@@ -211,7 +212,7 @@ class Sidecar:
         try:
             while not self._stop.is_set():
                 t0 = time.monotonic()
-                snapshot = backend.snapshot(self.gpus)
+                snapshot = only_instances(backend.snapshot(self.gpus), self.labels.mig)
                 events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
                 klog_read = klog.read_new(cursor, time.time())
                 cursor = klog_read.cursor

@@ -33,7 +33,10 @@ def test_where_no_job_should_run_processes_are_leftovers(phase: str) -> None:
 
 
 def test_only_leftover_checks_are_pre_job() -> None:
-    assert {s.name for s in catalog().values() if s.phases == PRE_JOB} == {"stale_job"}
+    assert {s.name for s in catalog().values() if s.phases == PRE_JOB} == {
+        "stale_job",
+        "mig_instance",
+    }
 
 
 def test_check_by_hand_on_a_busy_node_passes_pre_job_fails(sim_env) -> None:

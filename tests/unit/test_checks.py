@@ -339,7 +339,7 @@ def test_nvlink_missing_link_counts_when_model_is_known() -> None:
 
 
 def test_nvlink_unknown_model_judges_only_reported_links() -> None:
-    short = healthy_gpu(3, links=17)
+    short = replace(healthy_gpu(3, links=17), name="NVIDIA X1")  # not in the SKU table
     assert run_checks(ctx(node(short))) == []  # nothing to compare the 17 with
     down = with_link(short, 2, active=False)
     f = only(run_checks(ctx(node(down))), "nvlink_inactive")
@@ -351,8 +351,13 @@ def test_nvlink_node_without_active_links_is_silent() -> None:
     pcie = [replace(healthy_gpu(i, links=0), nvlinks=None, name="NVIDIA H100 PCIe") for i in (0, 1)]
     assert run_checks(ctx(node(*pcie, count=2))) == []
     dark = [
-        replace(healthy_gpu(i), nvlinks=tuple(healthy_link(n, active=False) for n in range(18)))
+        replace(
+            healthy_gpu(i),
+            name=model,
+            nvlinks=tuple(healthy_link(n, active=False) for n in range(18)),
+        )
         for i in (0, 1)
+        for model in ["NVIDIA X1"]  # a model neither the config nor the SKU table knows
     ]
     assert run_checks(ctx(node(*dark, count=2), nvlinks_per_model={"other": 4})) == []
 

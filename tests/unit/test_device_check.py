@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,50 @@ def test_a_replay_scenario_drives_slurmhealth_check(tmp_path: Path) -> None:
     got = {(f.check, f.gpu) for f in result.findings}
     assert {("nvlink_inactive", 1), ("gpu_lost", 6)} <= got, got
     assert result.snapshot.ts == recorded(tmp_path / "live.json")["clock"][0]
+
+
+SCENARIOS = REPO / "scenarios"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "mig", "clique"),
+    [("mig-h100", True, 0), ("gb200-nvl72", False, 32766), ("healthy", False, 0)],
+)
+def test_device_check_records_mig_and_fabric_answers(
+    tmp_path: Path, scenario: str, mig: bool, clique: int
+) -> None:
+    """What a lent GPU node's run records: the MIG and fabric-info V calls with their
+    answers, and each GPU's judged MIG/fabric state; a replay gives the same state."""
+    out = tmp_path / "rec.json"
+    done = device_check(tmp_path, SCENARIOS / f"{scenario}.toml", out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rec = recorded(out)
+    fns = {c["fn"] for c in rec["calls"]}
+    assert {"nvmlDeviceGetMigMode", "nvmlDeviceGetGpuFabricInfoV"} <= fns
+    assert all(READ_ONLY.fullmatch(c["fn"]) for c in rec["calls"])
+    rows = rec["mig_fabric"]
+    assert {r["mig_mode"] for r in rows} == {mig}
+    assert {r["fabric"]["clique_id"] for r in rows} == {clique}
+    if mig:
+        assert "nvmlDeviceGetMigDeviceHandleByIndex" in fns
+        assert {len(r["mig"]) for r in rows} == {7}
+        assert "MIG on, 7 MIG devices" in done.stdout
+    (tmp_path / "fixtures").mkdir()
+    shutil.copy(out, tmp_path / "fixtures" / "rec.json")
+    replay = tmp_path / "replay.toml"
+    replay.write_text('name = "r"\ndescription = "x"\nreplay = "fixtures/rec.json"\n')
+    again = device_check(tmp_path, replay, tmp_path / "again.json")
+    assert again.returncode == 0, again.stderr
+    assert recorded(tmp_path / "again.json")["mig_fabric"] == rows
+
+
+def test_device_check_notsupported_mig_and_fabric_read_as_unknown(tmp_path: Path) -> None:
+    scenario = tmp_path / "old.toml"
+    scenario.write_text('[all_gpus]\nnot_supported = ["mig", "fabric"]\n')
+    done = device_check(tmp_path, scenario, tmp_path / "rec.json")
+    assert done.returncode == 0, done.stdout + done.stderr  # unknown is never a failure
+    rows = recorded(tmp_path / "rec.json")["mig_fabric"]
+    assert {(r["mig_mode"], r["fabric"]["state"], r["fabric"]["clique_id"]) for r in rows} == {
+        (None, None, None)
+    }
+    assert "MIG unknown; fabric unknown, clique unknown" in done.stdout

@@ -26,6 +26,7 @@ from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.hooks.resume import resume
 from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo
+from tests.support.db_rows import table_rows
 from tests.support.recording_slurm import CTLD_DOWN, JOB, RecordingSlurm
 from tests.support.sim_config import hook_flags
 
@@ -102,13 +103,7 @@ def _hook(
         history.close()
 
 
-def _rows(db: Path, table: str) -> list[dict[str, Any]]:
-    conn = sqlite3.connect(db)
-    conn.row_factory = sqlite3.Row
-    try:
-        return [dict(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY rowid")]
-    finally:
-        conn.close()
+_rows = table_rows
 
 
 def _drain_rows(tmp_path: Path) -> list[dict[str, Any]]:

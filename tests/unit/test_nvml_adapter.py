@@ -108,6 +108,9 @@ GROUP_FIELDS: dict[str, tuple[str, ...]] = {
     "nvlink_counter_api": (),  # the field-value API answers instead (test_nvlink_counters.py)
     "fabric": ("fabric_state", "fabric_status"),
     "processes": ("processes",),
+    # an older library without nvmlDeviceGetGpuFabricInfoV: the old call answers state/status
+    "fabric_v": ("fabric_clique_id", "fabric_health_mask"),
+    "mig": ("mig_mode",),
 }
 # Retired pages are only read on GPUs without row remapping (V100 and older).
 ALSO_UNSUPPORTED = {"retired_pages": ["row_remap"]}

@@ -148,7 +148,7 @@ def test_recording_holds_codes_structures_and_timings(tmp_path: Path) -> None:
     calls = data["calls"]
     lost = [c for c in calls if (c["fn"], c["args"]) == ("nvmlDeviceGetHandleByIndex", [5])]
     assert lost and {c["error"] for c in lost} == {pynvml.NVML_ERROR_GPU_IS_LOST}
-    fabric = next(c for c in calls if c["fn"] == "nvmlDeviceGetGpuFabricInfo")
+    fabric = next(c for c in calls if c["fn"] == "nvmlDeviceGetGpuFabricInfoV")
     assert fabric["args"][1] == {"byref": True}
     assert fabric["out"]["1"]["fields"]["state"] in (2, 3)
     fields = next(c for c in calls if c["fn"] == "nvmlDeviceGetFieldValues")

@@ -62,7 +62,7 @@ def backend(scenario: Scenario, node: str, tmp_path: Path) -> NvmlBackend:
          "gpu.0.clock_event_reasons", "hw_slowdwn"),
         ('[all_gpus]\nnot_supported = ["nvlinks"]\n', "all_gpus.not_supported", "nvlinks"),
         ("gpus = 65\n", "gpus", "0..64"),
-        ('preset = "b200"\n', "preset", "b200"),
+        ('preset = "b300"\n', "preset", "b300"),
         ("[[faults]]\nat = 5\ngpu = 1\n", "faults[0]", "'set', 'rate' or 'xid'"),
         ("[[faults]]\nat = 5\ngpu = 9\nxid = 79\n", "faults[0].gpu", "0..7"),
         ("[[faults]]\nat = -1\nxid = 79\n", "faults[0].at", ">= 0"),

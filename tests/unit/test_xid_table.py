@@ -10,7 +10,7 @@ from slurmhealth.kernel_log import parse_xid
 from slurmhealth.model import Action, Severity, XidEvent
 
 ACTING = [46, 48, 54, 62, 64, 74, 79, 95, 109, 110, 119, 120, 136, 140, 143, *range(144, 151)]
-ACTING += [154, 155, 156, 158, 160]
+ACTING += [154, 155, 156, 158]
 RESET = [62, 64, 79, 95, 109, 119, 120, 140]
 APPLICATION = [8, 13, 31, 43, 44, 45, 68, 69, 126, 135]
 # Xids the catalog says not to act on: recorded (a few as warnings), never drained
