@@ -62,9 +62,9 @@ def _print_head(report: Report, con: Any) -> None:
     for line in a.evidence:
         con.print(Text(f"  evidence: {line}", "dim"))
     con.print(Text("what you should do: ", style="bold") + Text(a.user_action))
-    con.print(Text("what the admins should do: ", style="bold") + Text(a.admin_action))
     for done in a.admin_done:
         con.print(Text("already done: ", style="bold") + Text(done))
+    con.print(Text("what the admins should do: ", style="bold") + Text(a.admin_action))
 
 
 def _print_efficiency(report: Report, con: Any) -> None:
