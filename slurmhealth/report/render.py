@@ -114,9 +114,9 @@ def _md_answer(report: Report) -> list[str]:
     if a is not None:
         lines += ["", f"**Whose fault:** {fault_text(report)}"]
         lines += [f"- evidence: {e}" for e in a.evidence]
-        lines += ["", f"**What you should do:** {a.user_action}", "",
-                  f"**What the admins should do:** {a.admin_action}"]  # fmt: skip
+        lines += ["", f"**What you should do:** {a.user_action}"]
         lines += ["", *(f"- already done: {d}" for d in a.admin_done)] if a.admin_done else []
+        lines += ["", f"**What the admins should do:** {a.admin_action}"]
     if failure_shown(report) is not None:
         lines += [
             "",
