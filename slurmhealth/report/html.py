@@ -3,9 +3,9 @@ scripts.
 
 The first screen answers: the verdict (``#verdict``), whose fault (``#fault``), what the
 user does (``#user-action``), what was already done (``#admin-done``) and what is left for
-the admins (``#admin-action``); then the efficiency summary (``#efficiency``), the diagnoses one line per
-cause (``#diagnoses``), the timeline collapsed (``#timeline``, all of it in a ``<details>``
-fold), the task metrics, one panel of plots per node (``#node-<node>``, see
+the admins (``#admin-action``); then the efficiency summary (``#efficiency``), the
+diagnoses one line per cause (``#diagnoses``), the timeline collapsed (``#timeline``, all of
+it in a ``<details>`` fold), the task metrics, one panel of plots per node (``#node-<node>``, see
 ``report.plots``), the GPU table, the evidence and past incidents.
 """
 
