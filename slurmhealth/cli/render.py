@@ -96,6 +96,27 @@ def console(columns: int | None = None) -> Console:
     )
 
 
+def text_width() -> int:
+    """Columns for plain text: the terminal's, else :func:`width`."""
+    if sys.stdout.isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return width()
+
+
+def wrapped(prefix: str, text: str) -> str:
+    """``prefix`` + ``text`` wrapped at :func:`text_width`, the lines after the first
+    indented under the text; a word, a path or a `quoted command` is never broken."""
+    import re
+    import textwrap
+
+    kept = re.sub(r"`[^`]*`", lambda m: m.group(0).replace(" ", "\0"), text)
+    return textwrap.fill(kept, max(40, text_width()), initial_indent=prefix,
+                         subsequent_indent=" " * len(prefix), break_long_words=False,
+                         break_on_hyphens=False).replace("\0", " ")  # fmt: skip
+
+
 def key_values(title: str, items: Iterable[tuple[str, object]]) -> None:
     """``title`` then one ``key: value`` line each, the keys aligned (a record, not a
     table: it reads the same at any width)."""
@@ -105,7 +126,7 @@ def key_values(title: str, items: Iterable[tuple[str, object]]) -> None:
     pad = max((len(k) for k, _ in pairs), default=0) + 1
     click.echo(style(title, bold=True))
     for k, v in pairs:
-        click.echo(f"  {k + ':':<{pad}} {v}")
+        click.echo(wrapped(f"  {k + ':':<{pad}} ", v))
 
 
 def check_result(data: dict[str, Any]) -> None:
@@ -138,12 +159,12 @@ def check_result(data: dict[str, Any]) -> None:
             if f["severity"] in ("fail", "critical") and f["hint"] not in hints:
                 hints.append(f["hint"])
         for hint in hints:
-            click.echo(f"  hint: {hint}")
+            click.echo(wrapped("  hint: ", hint))
     from slurmhealth.cli import once
 
     for note in data["notes"]:
         if not once.shown(note):  # a warning stderr already carried this run: not twice
-            echo_styled(f"  note: {note}", dim=True)
+            echo_styled(wrapped("  note: ", note), dim=True)
     if not data["recorded"]:
         echo_styled("  note: history not writable; this run was spooled", fg="yellow")
 

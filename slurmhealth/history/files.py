@@ -22,7 +22,7 @@ from collections.abc import Iterator
 log = logging.getLogger("slurmhealth.history")
 DIR_MODE, FILE_MODE = 0o750, 0o640
 # the fix, in the refusal of a folder anyone may write (/tmp, /dev/shm)
-OWN_FOLDER = "give the history a folder of its own (--db /var/lib/slurmhealth/history.db)"
+OWN_FOLDER = "give the history a folder of its own (--db /var/lib/slurmhealth/history/history.db)"
 
 
 class UnsafeFile(OSError):

@@ -120,7 +120,6 @@ def test_a_history_in_a_shared_folder_is_refused_in_one_line_with_the_fix(
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.splitlines()
     assert line.startswith(f"slurmhealth: error: {shared}/history.db: {shared}: folder writable")
-    assert "[Errno" not in line and line.endswith(
-        "refused: give the history a folder of its own (--db /var/lib/slurmhealth/history.db)"
-    )
+    fix = "give the history a folder of its own (--db /var/lib/slurmhealth/history/history.db)"
+    assert "[Errno" not in line and line.endswith(f"refused: {fix}")
     assert not (shared / "history.db").exists()
