@@ -9,11 +9,12 @@ wider than that.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -58,10 +59,17 @@ def table(
     rows: Iterable[Sequence[object]],
     styles: Sequence[str | None] | None = None,
 ) -> None:
-    """Print a table with rich; ``styles`` gives one style per row (or None)."""
+    """Print a table with rich; ``styles`` gives one style per row (or None). No rows: one
+    line, ``TITLE: none``, instead of an empty frame."""
     from rich.table import Table
     from rich.text import Text
 
+    rows = list(rows)
+    if not rows:
+        import click
+
+        click.echo(f"{title or 'rows'}: none")
+        return
     t = Table(title=title, title_justify="left", show_lines=False, expand=False)
     for col in columns:
         t.add_column(col, overflow="fold")
@@ -70,7 +78,27 @@ def table(
         # Text(): values are data, never markup or emoji codes (":ab:" in a PCI id)
         t.add_row(*(Text("-" if v is None else str(v)) for v in row), style=style)
     piped = not sys.stdout.isatty()
-    console(max(width(), PIPE_TABLE_MAX) if piped else None).print(t)
+    with printing(max(width(), PIPE_TABLE_MAX) if piped else None) as con:
+        con.print(t)
+
+
+@contextlib.contextmanager
+def printing(columns: int | None = None) -> Iterator[Console]:
+    """A :func:`console` to print on; off a terminal what it printed goes out at the end
+    with each line's trailing blanks cut (rich pads a title to the table's width)."""
+    if sys.stdout.isatty():
+        yield console(columns)
+        return
+    import io
+
+    con = console(columns)
+    con.file = buffer = io.StringIO()
+    try:
+        yield con
+    finally:
+        text = buffer.getvalue()
+        sys.stdout.write("".join(line.rstrip() + "\n" for line in text.splitlines()))
+        sys.stdout.flush()
 
 
 def width() -> int:
