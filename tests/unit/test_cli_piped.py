@@ -87,6 +87,9 @@ def test_every_command_piped_has_no_line_over_200_characters(piped_env: dict[str
             too_long += [f"{where} ({name}, {len(line)}): {line}" for line in stream.splitlines()
                          if len(line) > MAX_LINE]  # fmt: skip
     assert not too_long, "\n".join(too_long)
+    padded = [f"{' '.join(a)}: {line!r}" for a, p in done for line in p.stdout.splitlines()
+              if line != line.rstrip()]  # fmt: skip
+    assert not padded, "\n".join(padded[:5])  # rich pads a title to its table's width
     printed = {" ".join(a): p.stdout for a, p in done}
     assert "FAIL on GPU 3 (NVLink 7 inactive); 7 other GPUs passed" in printed["check"]
     assert "job 42" in printed["report 42"]  # the commands did their work, not just fail
