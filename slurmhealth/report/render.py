@@ -158,7 +158,8 @@ def _md_timeline(report: Report, full: bool) -> list[str]:
         return ["## Timeline (UTC)", "", *_md_table(TIMELINE_COLUMNS, timeline_rows(report)), ""]
     rows = [(utc(e.ts), e.node, e.gpu, e.kind, e.severity, moment_text(e)) for e in report.moments]
     hidden = len(report.timeline) - len(report.moments)
-    note = [f"{hidden} more entries: `--timeline`", ""] if hidden > 0 else []
+    more = f"{hidden} more {'entry' if hidden == 1 else 'entries'}"
+    note = [f"{more}: `--timeline`", ""] if hidden > 0 else []
     return ["## Timeline (UTC), what matters", "", *note, *_md_table(TIMELINE_COLUMNS, rows), ""]
 
 
