@@ -173,13 +173,14 @@ def check_result(data: dict[str, Any]) -> None:
     )
     findings = data["findings"]
     if findings:
+        # a terminal under 120 columns leaves the UUID out (--json has it): the message first
+        keys = ["gpu", "check", "severity", "message", "action"]
+        if not sys.stdout.isatty() or text_width() >= 120:
+            keys.append("uuid")
         table(
             None,
-            ["GPU", "UUID", "check", "severity", "message", "action"],
-            [
-                (f["gpu"], f["uuid"], f["check"], f["severity"], f["message"], f["action"])
-                for f in findings
-            ],
+            [k.upper() if k in ("gpu", "uuid") else k for k in keys],
+            [tuple(f[k] for k in keys) for f in findings],
             [SEVERITY_STYLE.get(f["severity"]) for f in findings],
         )
         hints = []
