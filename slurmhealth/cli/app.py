@@ -138,8 +138,9 @@ def _with_global_flags(command: click.Command) -> click.Command:
 
 def _with_examples(command: click.Command, path: str) -> click.Command:
     """``command``'s ``--help`` (and its subcommands') ends with its examples."""
-    from slurmhealth.cli.examples import epilog
+    from slurmhealth.cli.examples import config_defaults, epilog
 
+    config_defaults(command)
     text = epilog(path)
     if text and text not in (command.epilog or ""):
         command.epilog = f"{command.epilog}\n\n{text}" if command.epilog else text

@@ -1,5 +1,6 @@
 """An example or two for each command's ``--help``, kept in one table so the command
-modules stay as they are; ``app`` adds them as the command's epilog when it loads.
+modules stay as they are; ``app`` adds them as the command's epilog when it loads. An option
+whose default is a config key it names (``evidence.budget_s``) shows that key's default.
 
 Key: the command path under ``slurmhealth`` (``history prune``). Each line stays under 80
 columns (click prints an epilog paragraph that starts with ``\\b`` as it is).
@@ -7,7 +8,11 @@ columns (click prints an epilog paragraph that starts with ``\\b`` as it is).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
+from typing import Any
+
+import click
 
 EXAMPLES: Mapping[str, tuple[str, ...]] = {
     "check": (
@@ -76,3 +81,32 @@ def epilog(path: str) -> str | None:
         + ":\n"
         + "\n".join(f"  {line}" for line in lines)
     )
+
+
+_KEY = re.compile(r"\b([a-z_]+)\.([a-z_]+)\b|\[([a-z_]+)\] ([a-z_]+)\b")  # a.b, [a] b
+
+
+def config_defaults(command: click.Command) -> None:
+    """``Default: 10.`` after the help of each option of ``command`` without a default of
+    its own whose help names a config key (``evidence.budget_s``): that key's default."""
+    defaults: Any = None
+    for param in command.params:
+        unset = param.default is None or repr(param.default) == "Sentinel.UNSET"
+        if not isinstance(param, click.Option) or param.hidden or param.is_flag or not unset:
+            continue
+        if param.help is None or "Default: " in param.help:
+            continue
+        for match in _KEY.finditer(param.help):
+            section, key = (match[1], match[2]) if match[1] else (match[3], match[4])
+            if defaults is None:
+                from slurmhealth.config import Config
+
+                defaults = Config()
+            value = getattr(getattr(defaults, section, None), key, None)
+            if value is None or callable(value):
+                continue
+            shown = "none" if value == "" else f"{value:g}" if isinstance(value, float) else (
+                str(value))  # fmt: skip
+            if shown not in param.help:  # "(default [baseline] outlier_fraction, 0.8)"
+                param.help += f" Default: {shown}."
+            break

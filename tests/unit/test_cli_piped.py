@@ -126,3 +126,15 @@ def test_a_history_in_a_shared_folder_is_refused_in_one_line_with_the_fix(
     fix = "give the history a folder of its own (--db /var/lib/slurmhealth/history/history.db)"
     assert "[Errno" not in line and line.endswith(f"refused: {fix}")
     assert not (shared / "history.db").exists()
+
+
+def test_an_option_whose_default_is_a_config_key_shows_its_value() -> None:
+    from slurmhealth.config import Config
+
+    runner = CliRunner()
+    port = runner.invoke(cli, ["exporter", "--help"], terminal_width=200).output
+    assert f"(overrides metrics.port; 0: none). Default: {Config().metrics.port}." in port
+    budget = runner.invoke(cli, ["evidence", "capture", "--help"], terminal_width=200).output
+    assert f"(evidence.budget_s). Default: {Config().evidence.budget_s:g}." in budget
+    limit = runner.invoke(cli, ["history", "--help"], terminal_width=200).output
+    assert "[default: 50" in limit  # click's own, for a default the option holds
