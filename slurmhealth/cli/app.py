@@ -81,7 +81,7 @@ class LazyGroup(click.Group):
         if cmd_name in self.lazy and cmd_name not in self.commands:
             module, attr = self.lazy[cmd_name].split(":")
             command = getattr(importlib.import_module(f"slurmhealth.cli.{module}"), attr)
-            self.add_command(_with_examples(_with_global_flags(command), cmd_name), cmd_name)
+            self.add_command(_with_help(_with_global_flags(command), cmd_name), cmd_name)
         return super().get_command(ctx, cmd_name)
 
 
@@ -136,8 +136,9 @@ def _with_global_flags(command: click.Command) -> click.Command:
     return command
 
 
-def _with_examples(command: click.Command, path: str) -> click.Command:
-    """``command``'s ``--help`` (and its subcommands') ends with its examples."""
+def _with_help(command: click.Command, path: str) -> click.Command:
+    """``command``'s ``--help`` (and its subcommands') ends with its examples and names
+    the config defaults its options fall back to."""
     from slurmhealth.cli.examples import config_defaults, epilog
 
     config_defaults(command)
@@ -146,7 +147,7 @@ def _with_examples(command: click.Command, path: str) -> click.Command:
         command.epilog = f"{command.epilog}\n\n{text}" if command.epilog else text
     if isinstance(command, click.Group):
         for name, sub in command.commands.items():
-            _with_examples(sub, f"{path} {name}")
+            _with_help(sub, f"{path} {name}")
     return command
 
 
