@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -110,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="one JSON document on stdout")
     ap.add_argument("--keep", help="run in this directory and keep it (default: a temp dir)")
     args = ap.parse_args(argv)
+    from slurmhealth.cli import once
+
+    logging.basicConfig(format="slurmhealth: %(levelname)s: %(message)s")
+    once.install_on_root()  # 200 cases rebuild 200 kernel-log positions: one line, counted
     with tempfile.TemporaryDirectory(prefix="slurmhealth-dq-") as tmp:
         root = Path(args.keep or tmp)
         epoch = float(int(time.time()))  # the simulated clock starts now (see tests/support)

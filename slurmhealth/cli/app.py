@@ -51,6 +51,7 @@ COMMANDS: Mapping[str, str] = {
     "install": "install:install",
     "sweep": "sweep:sweep",
 }
+DAEMONS = frozenset({"sidecar", "exporter"})  # long-running: every warning is printed
 EXIT_CODES = (
     (0, "healthy, or warnings only: done"),
     (1, "unhealthy: a failed check, benchmark or comparison; a refused resume"),
@@ -82,7 +83,7 @@ class LazyGroup(click.Group):
         if cmd_name in self.lazy and cmd_name not in self.commands:
             module, attr = self.lazy[cmd_name].split(":")
             command = getattr(importlib.import_module(f"slurmhealth.cli.{module}"), attr)
-            self.add_command(_with_global_flags(command), cmd_name)
+            self.add_command(_with_help(_with_global_flags(command), cmd_name), cmd_name)
         return super().get_command(ctx, cmd_name)
 
 
@@ -137,6 +138,21 @@ def _with_global_flags(command: click.Command) -> click.Command:
     return command
 
 
+def _with_help(command: click.Command, path: str) -> click.Command:
+    """``command``'s ``--help`` (and its subcommands') ends with its examples and names
+    the config defaults its options fall back to."""
+    from slurmhealth.cli.examples import config_defaults, epilog
+
+    config_defaults(command)
+    text = epilog(path)
+    if text and text not in (command.epilog or ""):
+        command.epilog = f"{command.epilog}\n\n{text}" if command.epilog else text
+    if isinstance(command, click.Group):
+        for name, sub in command.commands.items():
+            _with_help(sub, f"{path} {name}")
+    return command
+
+
 def _quietable(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -152,7 +168,7 @@ def _quietable(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.group(
     cls=LazyGroup,
     lazy=COMMANDS,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings={"help_option_names": ["-h", "--help"], "show_default": True},
     epilog=EPILOG,
 )
 @click.option(
@@ -183,15 +199,30 @@ def cli(
 ) -> None:
     """slurmhealth: GPU health checks, history and diagnosis for Slurm clusters.
 
-    Output: tables for people, plain (no colour, never wrapped) when piped or with NO_COLOR
-    set; --json prints one object with a "schema" key."""
+    Output: tables for people, the terminal's width; piped, plain and COLUMNS (else 100)
+    wide, no colour (nor with NO_COLOR set); --json prints one object with a "schema" key.
+    A warning is printed once per run, its repeats counted ("... (x200)").
+
+    \b
+    Start here:
+      slurmhealth check              run every check on this node's GPUs now
+      slurmhealth nodes              each node's Slurm state and its last check
+      slurmhealth report 1234        what happened to job 1234 and what to do
+      slurmhealth COMMAND --help     each command's options, defaults and an example"""
     click_ctx.obj = Ctx(config_path, db, debug, quiet, as_json)
     quiet_level = logging.ERROR if quiet else logging.WARNING
+    before = list(logging.getLogger().handlers)
     logging.basicConfig(
         level=logging.DEBUG if debug else quiet_level,
         format="slurmhealth: %(levelname)s: %(message)s",
         stream=sys.stderr,
     )
+    if click_ctx.invoked_subcommand not in DAEMONS:  # a daemon's repeats are news each time
+        from slurmhealth.cli import once
+
+        for handler in logging.getLogger().handlers:
+            if handler not in before:  # ours, not a host program's (pytest's capture)
+                once.install(handler)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -43,7 +43,8 @@ def _help_of(cmd: click.Command, ctx: click.Context) -> str:
 def render(root: click.Group, date: dt.date | None = None) -> str:
     """The man page of ``root`` and every visible command below it, in groff ``man``."""
     day = (date or dt.date.today()).isoformat()
-    ctx = click.Context(root, info_name="slurmhealth")
+    # the root's context settings (defaults shown), as `slurmhealth --help` has them
+    ctx = click.Context(root, info_name="slurmhealth", **root.context_settings)
     out = [
         f'.TH SLURMHEALTH 1 "{day}" "slurmhealth {__version__}" "User Commands"',
         ".SH NAME",

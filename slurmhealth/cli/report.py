@@ -91,10 +91,11 @@ def report(
         if html_file != "-":
             click.echo(f"report for job {result.job.job_id} written to {html_file}")
     else:
-        from slurmhealth.cli.render import console
+        from slurmhealth.cli.render import printing
         from slurmhealth.report.render import print_report
 
-        print_report(result, console(), full_timeline)
+        with printing() as con:
+            print_report(result, con, full_timeline)
 
 
 def _check_writable(path: str) -> None:

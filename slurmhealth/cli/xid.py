@@ -12,7 +12,12 @@ from slurmhealth.errors import UsageError
 @click.argument("number")
 @json_option
 def xid(number: str, as_json: bool) -> None:
-    """Explain Xid NUMBER: its catalog name, immediate action, verdict and hint."""
+    """Explain Xid NUMBER: its catalog name, immediate action, verdict and hint.
+
+    \b
+    Example:
+      slurmhealth xid 79     # GPU has fallen off the bus: what to do
+    """
     from slurmhealth.checks.xid_table import explain
     from slurmhealth.cli import render
 
@@ -22,4 +27,4 @@ def xid(number: str, as_json: bool) -> None:
     if as_json:
         render.print_json({"schema": "slurmhealth.xid/1", **info})
         return
-    render.table(f"Xid {int(number)}", ["field", "value"], [(k, v) for k, v in info.items()])
+    render.key_values(f"Xid {int(number)}", info.items())

@@ -21,14 +21,19 @@ from collections.abc import Iterator
 
 log = logging.getLogger("slurmhealth.history")
 DIR_MODE, FILE_MODE = 0o750, 0o640
+# the fix, in the refusal of a folder anyone may write (/tmp, /dev/shm)
+OWN_FOLDER = "give the history a folder of its own (--db /var/lib/slurmhealth/history/history.db)"
 
 
 class UnsafeFile(OSError):
     """A file or folder of the history that root must not trust (the message names it)."""
 
-    def __init__(self, path: str, why: str) -> None:
-        super().__init__(errno.EPERM, f"{path}: {why}; refused")
+    def __init__(self, path: str, why: str, fix: str = "") -> None:
+        super().__init__(errno.EPERM, f"{path}: {why}; refused" + (f": {fix}" if fix else ""))
         self.path = path
+
+    def __str__(self) -> str:  # the message alone, without OSError's "[Errno 1]"
+        return str(self.strerror)
 
 
 def admin_gid(group: str) -> int:
@@ -62,7 +67,7 @@ def check_dir(folder: str) -> None:
         raise UnsafeFile(folder, "not a folder")
     why = _why_untrusted(st, "folder")
     if why:
-        raise UnsafeFile(folder, why)
+        raise UnsafeFile(folder, why, OWN_FOLDER if st.st_mode & 0o002 else "")
 
 
 def make_dir(folder: str, gid: int) -> None:

@@ -167,7 +167,7 @@ def read_state(history: History) -> tuple[dict[str, Any], list[str]]:
     try:
         return {key: history.kv_get(key) for key in (COUNTERS_KEY, CURSOR_KEY, INVENTORY_KEY)}, []
     except Exception as exc:  # an unreadable history must not stop the check
-        return {}, [f"history unreadable ({type(exc).__name__}: {exc}); rates skipped"]
+        return {}, [f"history unreadable, rates skipped: {exc}"]
 
 
 def take_snapshot(

@@ -7,6 +7,7 @@ Times are UTC seconds.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -122,7 +123,9 @@ def admin_done(facts: Facts) -> tuple[list[str], list[str]]:
     for nf in facts.nodes:
         phases = {as_text(r.get("run_id")): as_text(r.get("phase")) for r in nf.runs}
         for row in nf.drains:
-            done.append(_drain_text(row, phases, nf.node))
+            text = _drain_text(row, phases, nf.node)
+            if text not in done:  # the prolog's and a retry's row of one drain: once
+                done.append(text)
             if as_text(row.get("state")).lower() in DRAINED_STATES:
                 drained.append(as_text(row.get("node")) or nf.node)
         done += [_remediation_text(row, nf.node) for row in nf.remediations]
@@ -140,6 +143,55 @@ def _remediation_text(row: Mapping[str, Any], node: str) -> str:
     return f"{as_text(row.get('node')) or node}: remediation {action}{where}: {outcome} at {at}"
 
 
+def drained_by_us(facts: Facts) -> dict[str, Mapping[str, Any]]:
+    """node -> the drains row that left it drained by slurmhealth, where the node's newest
+    row (a later resume, a refused one) does not say otherwise."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for nf in facts.nodes:
+        rows = [r for r in nf.drains if isinstance(r.get("ts"), int | float)]
+        if not rows:
+            continue
+        last = max(rows, key=lambda r: float(r["ts"]))
+        state = as_text(last.get("state")).lower()
+        if state in ("drained", "already") and as_text(last.get("actor")).startswith(
+            "slurmhealth"
+        ):  # "held": drained by someone else, left as is
+            out[as_text(last.get("node")) or nf.node] = last
+    return out
+
+
+_DRAIN_CLAUSE = re.compile(r"^(?:drain|drain the node) (?P<node>\S+)$")
+
+
+def left_to_do(action: str, node: str, row: Mapping[str, Any]) -> str:
+    """The admins' next steps for ``node`` that slurmhealth already drained: the rule's
+    action without its "drain NODE" (done), then how the node comes back."""
+    steps = [c for c in action.split("; ") if not _DRAIN_CLAUSE.match(c.strip())]
+    at = _clock(float(row["ts"]), False)
+    rest = "; ".join(steps) if steps else "find and fix the cause"
+    back = (f"then, on {node}, `slurmhealth validate` and "
+            f"`slurmhealth resume {node} --reason \"what was fixed\"`")  # fmt: skip
+    return f"{node} is already drained (by slurmhealth at {at}). Left to do: {rest}; {back}"
+
+
+def _evidence(citations: Sequence[Any]) -> tuple[str, ...]:
+    """The headline's first citations as ``HH:MMZ text``, each text once (the prolog and the
+    epilog cite the same finding): a repeat is counted, ``(x2)``."""
+    seen: dict[str, list[str]] = {}
+    for c in citations:
+        text = c.text.splitlines()[0] if c.text else ""
+        if not text:
+            continue
+        if text not in seen and len(seen) == MAX_EVIDENCE:
+            continue
+        seen.setdefault(text, []).append(_clock(c.ts, False) if c.ts is not None else "")
+    out = []
+    for text, times in seen.items():
+        when = f"{times[0]} " if times[0] else ""
+        out.append(when + text + (f" (x{len(times)})" if len(times) > 1 else ""))
+    return tuple(out)
+
+
 def answer(verdict: str, diagnoses: Sequence[Diagnosis], facts: Facts) -> Answer:
     """The verdict, whose fault it is and the next steps, from the headline diagnosis."""
     done, drained = admin_done(facts)
@@ -153,10 +205,10 @@ def answer(verdict: str, diagnoses: Sequence[Diagnosis], facts: Facts) -> Answer
         nodes = ", ".join(drained)
         user += (f". {nodes} {'is' if len(drained) == 1 else 'are'} already drained: "
                  "Slurm gives it to no job until the admins return it")  # fmt: skip
-    evidence = tuple(
-        (f"{_clock(c.ts, False)} " if c.ts is not None else "") + c.text.splitlines()[0]
-        for c in top.citations[:MAX_EVIDENCE]
-        if c.text
-    )
+    evidence = _evidence(top.citations)
     admin = top.admin_action
+    ours = drained_by_us(facts)
+    node = top.node if top.node in ours else (next(iter(ours)) if len(ours) == 1 else None)
+    if node is not None and top.fault_class in ("hardware", "system", "unknown"):
+        admin = left_to_do(admin, node, ours[node])
     return Answer(verdict, top.fault_class, top.confidence, evidence, user, admin, tuple(done))

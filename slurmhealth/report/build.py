@@ -260,7 +260,8 @@ def _not_found(
     if unreadable:  # the job may well be in there: say so, not "no record"
         return StoreError("; ".join(f"history {p} cannot be read: {why}"
                                     for p, why in unreadable.items()))  # fmt: skip
-    return UsageError(f"no record of job {job_id} in {', '.join(where)}")
+    return UsageError(f"no record of job {job_id} in {', '.join(where)} (check the id: "
+                      f"`sacct -j {job_id}`)")  # fmt: skip
 
 
 def _private(path: str) -> bool:

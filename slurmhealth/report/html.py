@@ -2,10 +2,10 @@
 scripts.
 
 The first screen answers: the verdict (``#verdict``), whose fault (``#fault``), what the
-user (``#user-action``) and the admins (``#admin-action``) do, what was already done
-(``#admin-done``); then the efficiency summary (``#efficiency``), the diagnoses one line per
-cause (``#diagnoses``), the timeline collapsed (``#timeline``, all of it in a ``<details>``
-fold), the task metrics, one panel of plots per node (``#node-<node>``, see
+user does (``#user-action``), what was already done (``#admin-done``) and what is left for
+the admins (``#admin-action``); then the efficiency summary (``#efficiency``), the
+diagnoses one line per cause (``#diagnoses``), the timeline collapsed (``#timeline``, all of
+it in a ``<details>`` fold), the task metrics, one panel of plots per node (``#node-<node>``, see
 ``report.plots``), the GPU table, the evidence and past incidents.
 """
 
@@ -76,9 +76,9 @@ def _answer(report: Report) -> list[str]:
             items = "".join(f"<li>{escape(e)}</li>" for e in a.evidence)
             out.append(f'<ul class="evidence-lines">{items}</ul>')
         out.append(_p("user-action", "What you should do:", a.user_action))
-        out.append(_p("admin-action", "What the admins should do:", a.admin_action))
         if a.admin_done:
             out.append(_p("admin-done", "Already done:", "; ".join(a.admin_done)))
+        out.append(_p("admin-action", "What the admins should do:", a.admin_action))
     return [*out, "</section>"]
 
 

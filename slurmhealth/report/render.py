@@ -114,9 +114,9 @@ def _md_answer(report: Report) -> list[str]:
     if a is not None:
         lines += ["", f"**Whose fault:** {fault_text(report)}"]
         lines += [f"- evidence: {e}" for e in a.evidence]
-        lines += ["", f"**What you should do:** {a.user_action}", "",
-                  f"**What the admins should do:** {a.admin_action}"]  # fmt: skip
+        lines += ["", f"**What you should do:** {a.user_action}"]
         lines += ["", *(f"- already done: {d}" for d in a.admin_done)] if a.admin_done else []
+        lines += ["", f"**What the admins should do:** {a.admin_action}"]
     if failure_shown(report) is not None:
         lines += [
             "",
@@ -158,7 +158,8 @@ def _md_timeline(report: Report, full: bool) -> list[str]:
         return ["## Timeline (UTC)", "", *_md_table(TIMELINE_COLUMNS, timeline_rows(report)), ""]
     rows = [(utc(e.ts), e.node, e.gpu, e.kind, e.severity, moment_text(e)) for e in report.moments]
     hidden = len(report.timeline) - len(report.moments)
-    note = [f"{hidden} more entries: `--timeline`", ""] if hidden > 0 else []
+    more = f"{hidden} more {'entry' if hidden == 1 else 'entries'}"
+    note = [f"{more}: `--timeline`", ""] if hidden > 0 else []
     return ["## Timeline (UTC), what matters", "", *note, *_md_table(TIMELINE_COLUMNS, rows), ""]
 
 

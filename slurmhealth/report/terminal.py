@@ -43,6 +43,13 @@ def _print_table(
     con.print(t)
 
 
+def _indented(con: Any, spaces: int, text: Any) -> None:
+    """``text`` with every line it wraps to indented, not only the first."""
+    from rich.padding import Padding
+
+    con.print(Padding(text, (0, 0, 0, spaces), expand=False))
+
+
 def _print_head(report: Report, con: Any) -> None:
     """The job panel, then the answer: verdict, whose fault, the next steps."""
     from rich.panel import Panel
@@ -60,11 +67,11 @@ def _print_head(report: Report, con: Any) -> None:
         return
     con.print(Text("whose fault: ", style="bold") + Text(layout.fault_text(report)))
     for line in a.evidence:
-        con.print(Text(f"  evidence: {line}", "dim"))
+        _indented(con, 2, Text(f"evidence: {line}", "dim"))
     con.print(Text("what you should do: ", style="bold") + Text(a.user_action))
-    con.print(Text("what the admins should do: ", style="bold") + Text(a.admin_action))
     for done in a.admin_done:
         con.print(Text("already done: ", style="bold") + Text(done))
+    con.print(Text("what the admins should do: ", style="bold") + Text(a.admin_action))
 
 
 def _print_efficiency(report: Report, con: Any) -> None:
@@ -73,7 +80,7 @@ def _print_efficiency(report: Report, con: Any) -> None:
     if report.efficiency is not None:
         con.print(Text("efficiency", style="bold"))
         for line in report.efficiency.lines:
-            con.print(Text(f"  {line}"))
+            _indented(con, 2, Text(line))
     rows = layout.task_rows(report)
     if rows:
         _print_table(con, "task metrics (what the training loop reported)",
@@ -89,9 +96,9 @@ def _print_diagnoses(report: Report, con: Any) -> None:
     con.print(Text("diagnoses", style="bold"))
     for n, g in enumerate(report.groups):
         style = SEVERITY_STYLE.get(g.severity, "")
-        con.print(Text(f"  {g.line}", style) + Text(f"  [{g.fault_class}]", "dim"))
+        _indented(con, 2, Text(g.line, style) + Text(f"  [{g.fault_class}]", "dim"))
         if n == 0:
-            con.print(Text(f"    verify: {g.diagnoses[0].verify}", "dim"))
+            _indented(con, 4, Text(f"verify: {g.diagnoses[0].verify}", "dim"))
 
 
 def _print_timeline(report: Report, con: Any, full: bool) -> None:
@@ -99,7 +106,7 @@ def _print_timeline(report: Report, con: Any, full: bool) -> None:
     hidden = len(report.timeline) - len(report.moments)
     title = "timeline (UTC)" if full else "timeline (UTC), what matters"
     if not full and hidden > 0:
-        title += f"; {hidden} more entries: --timeline"
+        title += f"; {hidden} more {'entry' if hidden == 1 else 'entries'}: --timeline"
     _print_table(
         con,
         title,
@@ -137,12 +144,12 @@ def _print_tail(report: Report, con: Any) -> None:
         used = dict.fromkeys(f"{s} ({p})" for _n, s, p in report.sources)
         con.print(Text("read from Slurm accounting: " + ", ".join(used), style="bold"))
         for source, why in report.unreached:
-            con.print(Text(f"  not used: {source}: {why}", style="dim"))
+            _indented(con, 2, Text(f"not used: {source}: {why}", style="dim"))
     root = layout.evidence_dir(report)
     if report.evidence:
         con.print(Text("evidence" + (f" in {root}" if root else ""), style="bold"))
     for e in report.evidence:
-        con.print(Text(f"  {layout.bundle_text(report, e)}"))
+        _indented(con, 2, Text(layout.bundle_text(report, e)))
     if report.known_incidents:
         _print_table(
             con,

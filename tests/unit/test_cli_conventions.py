@@ -1,6 +1,7 @@
 """The conventions every command keeps, through click's CliRunner and the real entry point
 (``main``: exit codes and one-line errors): ``--json`` with a ``schema`` everywhere, global
-flags anywhere, ``--quiet``, plain piped output that is never wrapped, ``NO_COLOR``,
+flags anywhere, ``--quiet``, plain piped output whose table rows stay one line up to 200
+columns, ``NO_COLOR``,
 Ctrl-C, and bad input refused in one line before anything is recorded."""
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from slurmhealth.history.schema import latest_version
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[")
 LONG_REASON = "slurmhealth: nvlink_inactive gpu3 " + "NVLink 7 inactive since the riser move " * 4
+WIDE_REASON = "slurmhealth: nvlink_inactive gpu2 NVLink 5 inactive since the riser move (+1 more)"
 
 
 @dataclass(frozen=True)
@@ -107,8 +109,10 @@ def _write_history(db: Path) -> None:
         "detail": {"note": ""},
     }
     job = {"job_id": "42", "node": "node1", "user": "root", "uid": 0, "start_ts": 1.0e9}
+    wide = {**drain, "node": "node2", "reason": WIDE_REASON}
     with History(db) as history:
-        assert history.write(Batch(inserts=[("check_runs", run), ("drains", drain)],
+        assert history.write(Batch(inserts=[("check_runs", run), ("drains", drain),
+                                            ("drains", wide)],
                                    upserts=[("jobs", job, "job_id")]))  # fmt: skip
 
 
@@ -180,11 +184,19 @@ def test_debug_is_accepted_after_the_command(sh: Callable[..., Ran]) -> None:
     assert "Traceback" not in sh("check", SLURMHEALTH_GPU_BACKEND="nvml").stderr
 
 
-def test_piped_tables_are_plain_and_never_wrapped(sh: Callable[..., Ran], tmp_path: Path) -> None:
+def test_piped_table_rows_stay_one_line_up_to_200_columns(
+    sh: Callable[..., Ran], tmp_path: Path
+) -> None:
+    """``drains | grep node2`` finds node2's whole reason though the row is wider than
+    COLUMNS; a row wider than 200 folds (a Slurm reason may be 200 characters alone)."""
     _write_history(tmp_path / "history.db")
     ran = sh("drains", COLUMNS="80")
     assert not ANSI.search(ran.stdout)
-    assert [line for line in ran.stdout.splitlines() if LONG_REASON in line]
+    (row,) = [line for line in ran.stdout.splitlines() if "node2" in line]
+    assert WIDE_REASON in row and len(row) > 80
+    assert max(map(len, ran.stdout.splitlines())) <= 200
+    words = " ".join(line.strip("│ ") for line in ran.stdout.splitlines()).split()
+    assert all(w in words for w in LONG_REASON.split())  # folded, nothing lost
     failing = sh("check", scenario="nvlink-down", COLUMNS="60")
     assert not ANSI.search(failing.stdout)
     assert [line for line in failing.stdout.splitlines()

@@ -158,3 +158,15 @@ def test_systemd_accepts_the_unit_and_the_tmpfiles_entry(tmp_path: Path) -> None
                           capture_output=True, text=True, check=False)  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert mode(tmp_path / LAYOUT["run"].lstrip("/")) == 0o755
+
+
+def test_no_note_for_a_bin_that_exists_outside_the_prefix(tmp_path: Path) -> None:
+    """scripts/cluster installs under a test prefix with --bin this checkout's venv: it
+    exists where the wrappers run it, so `scripts/demo` printed a note that was wrong."""
+    venv_bin = tmp_path / "venv" / "slurmhealth"
+    venv_bin.parent.mkdir()
+    venv_bin.write_text("#!/bin/sh\n")
+    res = run("--prefix", str(tmp_path / "root"), "--bin", str(venv_bin))
+    assert res.exit_code == 0 and "note:" not in res.output, res.output
+    missing = run("--prefix", str(tmp_path / "root2"), "--bin", "/nonexistent/bin/slurmhealth")
+    assert "note: /nonexistent/bin/slurmhealth does not exist" in missing.output
