@@ -17,7 +17,7 @@ from slurmhealth.history import Batch, History, read
 from slurmhealth.history.read import Reader
 from slurmhealth.history.retention import Retention
 from slurmhealth.history.rollups import BUCKET_S, HIST_WIDTH
-from slurmhealth.history.schema import MIGRATIONS
+from slurmhealth.history.schema import MIGRATIONS, latest_version
 from slurmhealth.report.collect import node_facts
 from tests.unit.history.helpers import query
 
@@ -169,7 +169,7 @@ def test_migration_3_keeps_every_field_and_old_jobs_still_report(tmp_path: Path)
         old = node_facts(r, JOB, NODE)
     with History(path) as h:
         assert h.write(Batch())  # opening it to write migrates it
-    assert query(path, "PRAGMA user_version") == [(3,)]
+    assert query(path, "PRAGMA user_version") == [(latest_version(),)]
     assert query(tmp_path / "history.db.bak-v2", "select count(*) from samples") == [(181,)]
     got = query(path, "select util_pct, energy_j, status, metrics from samples where gpu = 0"
                       " order by ts limit 1")  # fmt: skip
@@ -218,4 +218,4 @@ def test_a_hook_never_migrates_an_existing_history_it_spools_until_an_admin_does
     with History(path) as admin:
         assert admin.write(Batch())
         assert admin.kv_get("from_the_hook") == 1
-    assert query(path, "PRAGMA user_version") == [(3,)]
+    assert query(path, "PRAGMA user_version") == [(latest_version(),)]

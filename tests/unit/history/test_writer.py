@@ -14,6 +14,7 @@ import pytest
 
 from slurmhealth.history import COLUMNS, Batch, History, migration
 from slurmhealth.history.read import job_row, runs
+from slurmhealth.history.schema import latest_version
 from tests.unit.history.helpers import REPO, query, run_batch, run_writers
 
 
@@ -29,8 +30,9 @@ def test_fresh_db_gets_schema_and_reopening_does_not_migrate_again(tmp_path: Pat
         (1, "initial schema"),
         (2, "sample metrics as columns"),
         (3, "samples without the JSON duplicate; per-GPU rollups"),
+        (4, "baselines keep the value as the tool printed it"),
     ]
-    assert query(db, "PRAGMA user_version") == [(3,)]
+    assert query(db, "PRAGMA user_version") == [(latest_version(),)]
     assert query(db, "PRAGMA journal_mode") == [("wal",)]
     indexes = {name for (name,) in query(db, "SELECT name FROM sqlite_master WHERE type='index'")}
     assert {"idx_check_runs_node_ts", "idx_findings_run_id", "idx_samples_ts"} <= indexes
@@ -109,7 +111,7 @@ def test_two_processes_writing_at_once_into_a_fresh_db(tmp_path: Path) -> None:
     assert run_writers(db, ["a", "b"], 500) == ["500", "500"]
     assert query(db, "SELECT count(*) FROM check_runs") == [(1000,)]
     assert query(db, "SELECT count(*) FROM findings") == [(1000,)]
-    assert query(db, "SELECT count(*) FROM schema_migrations") == [(3,)]
+    assert query(db, "SELECT count(*) FROM schema_migrations") == [(latest_version(),)]
     assert query(db, "PRAGMA integrity_check") == [("ok",)]
 
 
@@ -118,7 +120,9 @@ def test_many_processes_opening_a_fresh_db_at_once_all_write(tmp_path: Path) -> 
     tags = [f"p{i}" for i in range(8)]
     assert run_writers(db, tags, 1) == ["1"] * 8
     assert query(db, "SELECT count(*) FROM check_runs") == [(8,)]
-    assert query(db, "SELECT version FROM schema_migrations") == [(1,), (2,), (3,)]
+    assert query(db, "SELECT version FROM schema_migrations") == [
+        (v,) for v in range(1, latest_version() + 1)
+    ]
 
 
 def test_a_version_1_database_gains_the_sample_columns(tmp_path: Path) -> None:
@@ -144,4 +148,4 @@ def test_a_version_1_database_gains_the_sample_columns(tmp_path: Path) -> None:
         (55.0, None),
         (60.0, None),
     ]
-    assert query(db, "PRAGMA user_version") == [(3,)]
+    assert query(db, "PRAGMA user_version") == [(latest_version(),)]
