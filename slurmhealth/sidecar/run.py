@@ -295,6 +295,8 @@ class Sidecar:
             source = backend.kernel_log_hint or "kmsg"
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5,
                                net=self.cfg.has_rdma(self.node))  # fmt: skip
+        if source == "none":  # no kernel log: no position to read
+            return klog, None
         try:
             with History.for_node(self.cfg, self.node) as history:
                 return klog, history.kv_get("kernel_log_cursor")
