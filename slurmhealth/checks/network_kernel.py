@@ -70,7 +70,11 @@ VERDICTS: Mapping[str, Verdict | None] = {
         "the firmware refused a command (a bad parameter or an unsupported request)"),
     "net_pci_error": Verdict(Severity.FAIL, "PCI error",
         "the HCA's PCI link reported an error (AER/EEH): check lspci -vv and the slot; reboot"),
+    "net_pci_warn": Verdict(Severity.WARN, "PCI error handled",
+        "the PCI error handler ran with the channel still normal: watch it (lspci -vv)"),
 }  # fmt: skip
+# a line that says of itself that it is a warning: the kind its verdict is read under
+_WARN_KIND = {"net_health": "net_health_warn", "net_pci_error": "net_pci_warn"}
 SENSORS = {  # mlx5 health.c: check_fatal_sensors()
     1: "PCI communication lost",
     2: "PCI channel offline",
@@ -97,9 +101,7 @@ def ib_kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     for e in ctx.kernel_events:
         if VERDICTS.get(e.kind) is None or (e.kind == "net_module" and e.level == "info"):
             continue
-        kind = "net_health_warn" if e.kind == "net_health" and e.level == "warn" else e.kind
-        if kind == "net_pci_error" and e.level == "warn":
-            kind = "net_health_warn"
+        kind = _WARN_KIND.get(e.kind, e.kind) if e.level == "warn" else e.kind
         grouped.setdefault((kind, e.pci_bus_id or e.device or "?"), []).append(e)
     return [_finding(ctx, th, kind, members) for (kind, _), members in grouped.items()]
 

@@ -191,6 +191,7 @@ class Sidecar:
 
     def _loop(self) -> None:
         from slurmhealth.sidecar.detectors import Detectors
+        from slurmhealth.sidecar.nccl import NcclWatch
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
@@ -198,6 +199,7 @@ class Sidecar:
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         rdma = self._rdma_watch()
+        nccl = NcclWatch(self.cfg, self.labels, time.time())
         presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
         klog, cursor = self._kernel_log(backend)
         xid_queue: list[XidEvent] = []
@@ -213,6 +215,7 @@ class Sidecar:
                 t0 = time.monotonic()
                 snapshot = backend.snapshot(self.gpus)
                 events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
+                events += nccl.observe(time.time())
                 klog_read = klog.read_new(cursor, time.time())
                 cursor = klog_read.cursor
                 with self._lock:

@@ -186,4 +186,5 @@ def test_informational_and_warning_lines_are_recorded_not_drained(tmp_path: Path
         "net_cmd_error": (Severity.INFO, Action.RECORD),
         "net_health_warn": (Severity.WARN, Action.RECORD),
         "net_temperature": (Severity.WARN, Action.RECORD),
+        "net_pci_warn": (Severity.WARN, Action.RECORD),
     }
