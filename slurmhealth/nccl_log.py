@@ -164,7 +164,7 @@ def parse(lines: Iterable[str]) -> NcclTransports:
         if len(line) > MAX_LINE_CHARS:
             out.skipped_lines += 1
             continue
-        if (v := _VERSION.search(line)) and len(out.versions) < MAX_ENV:
+        if "NCCL version" in line and (v := _VERSION.search(line)) and len(out.versions) < MAX_ENV:
             out.versions.add(v.group(1))
         m = _PREFIX.search(line.rstrip("\r\n"))
         if m is None:
