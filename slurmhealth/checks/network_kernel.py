@@ -103,16 +103,28 @@ def ib_kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
             continue
         kind = _WARN_KIND.get(e.kind, e.kind) if e.level == "warn" else e.kind
         grouped.setdefault((kind, e.pci_bus_id or e.device or "?"), []).append(e)
-    return [_finding(ctx, th, kind, members) for (kind, _), members in grouped.items()]
+    # commands time out once the firmware is in a fatal state: the fatal error leads
+    fatal = {where for kind, where in grouped if kind == "net_health"}
+    return [
+        _finding(ctx, th, kind, members, after_fatal=where in fatal)
+        for (kind, where), members in grouped.items()
+    ]
 
 
 def _finding(
-    ctx: CheckContext, th: Mapping[str, float], kind: str, members: list[KernelEvent]
+    ctx: CheckContext,
+    th: Mapping[str, float],
+    kind: str,
+    members: list[KernelEvent],
+    *,
+    after_fatal: bool = False,
 ) -> Finding:
     verdict = VERDICTS[kind]
     assert verdict is not None
     severity, what, hint = verdict
     first = members[0]
+    if after_fatal and kind == "net_cmd_timeout":
+        severity, what = Severity.FAIL, f"{what} after the firmware's fatal error"
     flaps = _flaps(members, th) if kind == "net_link_down" else 0
     if flaps:
         severity, what = Severity.FAIL, f"link flapping ({flaps} link-downs within "
