@@ -266,3 +266,28 @@ def test_real_outputs_from_public_perftest_issues() -> None:
     ):
         values = got((DATA / name).read_text(), test="ib_send_bw")
         assert values["ib_send_bw.bw_avg"] == round(mb * 1048576 * 8 / 1e9, 2)
+
+
+def test_ingest_of_a_latency_run_and_an_output_bandwidth_run_through_the_cli(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "c.toml"
+    config.write_text(f'[paths]\ndb = "{tmp_path / "{node}.db"}"\n')
+    obj = Ctx(str(config), None, False)
+    lat = tmp_path / "lat.txt"
+    row = pf.cprintf(pf.REPORT_FMT_LAT, 2, 1000, 1.02, 5.61, 1.08, 1.10, 0.05, 1.31, 5.61)
+    lat.write_text("\n".join([pf.banner("send", "Latency"), pf.RESULT_FMT_LAT, row]) + "\n")
+    res = CliRunner().invoke(baseline, ["ingest", "perftest", str(lat), "--node", "n1"], obj=obj)
+    assert res.exit_code == 0, res.output
+    assert "ib_send_lat.lat_typical_us = 1.08 us (printed 1.08 usec)" in res.output
+    one = tmp_path / "bw.txt"
+    one.write_text(pf.cprintf("%lf", 392.11) + "\n")
+    args = ["ingest", "perftest", str(one), "--node", "n1", "--test", "ib_write_bw",
+            "--perftest-output", "bandwidth", "--perftest-unit", "Gb/sec"]  # fmt: skip
+    res = CliRunner().invoke(baseline, args, obj=obj)
+    assert res.exit_code == 0, res.output
+    assert "ib_write_bw.bw_avg = 392.11 Gb/s (printed 392.110000 Gb/sec)" in res.output
+    res = CliRunner().invoke(baseline, args[:5], obj=obj)  # the number alone: refused
+    assert res.exit_code == 2, res.output
+    said = res.output + getattr(res, "stderr", "")
+    assert "one number per line ('392.110000')" in said and "Traceback" not in said, said
