@@ -131,8 +131,8 @@ def _nothing_read(text: str) -> str:
     if numbers:
         return (
             f"one number per line ({numbers[0]!r}) and no result table: perftest "
-            "--output=... prints neither the test nor the unit; pass --output "
-            "bandwidth|message_rate|latency and --test"
+            "--output=... prints neither the test nor the unit; ingest it with "
+            "--perftest-output bandwidth|message_rate|latency and --test"
         )
     return "no '#bytes ... BW average[...]' or '#bytes ... t_typical[usec]' result table"
 
