@@ -5,14 +5,17 @@ Usage: python benchmarks/detection_quality.py [--only SUBSTR] [--soak-nodes 100]
 
 The corpus (tests/support/corpus_faults.py, corpus_benign.py) holds every fault class the
 check catalog detects on each GPU model it exists on (H100 SXM, A100 SXM4, V100 SXM2), mild
-and severe, and benign scenarios healthy nodes produce. Each scenario runs as prolog ->
-epilog (an hour later) -> next prolog (5 s after the epilog) on a simulated clock, through
-the real hooks (``run_hook`` with a recording Slurm backend, the simulated NVML behind the
-real adapter, a history of its own). Detected means the expected action: a drain (with the
-drain reason and every draining finding naming the faulty GPUs, or no GPU for a node-level
-fault) or, for warn-level classes, a warning on the faulty GPU and no drain. The soak runs
-healthy nodes with realistic noise for nodes x days simulated node-days through the same
-path; every drain there is false.
+and severe, and benign scenarios healthy nodes produce, plus the network's
+(tests/support/corpus_network.py): mlx5 kernel-log faults on a node with RDMA devices
+through the same hooks, and NCCL logs (real ones from NVIDIA/nccl issues and lines filled
+from NCCL's formats) through the diagnosis; their precision and recall are printed. Each
+scenario runs as prolog -> epilog (an hour later) -> next prolog (5 s after the epilog) on a
+simulated clock, through the real hooks (``run_hook`` with a recording Slurm backend, the
+simulated NVML behind the real adapter, a history of its own). Detected means the expected
+action: a drain (with the drain reason and every draining finding naming the faulty GPUs, or
+no GPU for a node-level fault) or, for warn-level classes, a warning on the faulty GPU and
+no drain. The soak runs healthy nodes with realistic noise for nodes x days simulated node-
+days through the same path; every drain there is false.
 
 Prints a confusion matrix per class and the soak figures; exits 1 if any false drain,
 missed fault or wrong GPU (or any soak drain) was found.
@@ -34,6 +37,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 from tests.support.corpus_benign import benign_cases
 from tests.support.corpus_faults import fault_cases
+from tests.support.corpus_network import (
+    NCCL_RULES,
+    judge_nccl,
+    nccl_cases,
+    network_cases,
+    precision_recall,
+)
 from tests.support.detection import Outcome, run_case
 from tests.support.soak import SoakResult, soak
 
@@ -41,8 +51,47 @@ BAD = ("false_drain", "missed", "wrong_gpu")
 
 
 def run_corpus(root: Path, epoch: float, only: str) -> list[Outcome]:
-    cases = [c for c in fault_cases() + benign_cases() if only in c.name]
+    net = network_cases(root / "rdma-tree")
+    cases = [c for c in fault_cases() + benign_cases() + net if only in c.name]
     return [run_case(c, root / c.name.replace("/", "_"), epoch) for c in cases]
+
+
+def network_quality(outcomes: list[Outcome], only: str) -> dict[str, dict[str, Any]]:
+    """Precision and recall of the network's detections: the mlx5 kernel-log cases (a
+    detected fault is a true positive, a missed one a false negative, a false drain a false
+    positive) and each NCCL rule over the NCCL cases."""
+    rows: dict[str, Counter[str]] = defaultdict(Counter)
+    for o in outcomes:
+        if o.case.klass.startswith("net_"):
+            row = rows["mlx5 kernel log (hooks)"]
+            row["cases"] += 1
+            row["tp"] += o.verdict == "detected"
+            row["fn"] += o.case.fault and o.verdict != "detected"
+            row["fp"] += o.verdict == "false_drain"
+    for case in (c for c in nccl_cases() if only in c.name):
+        named = judge_nccl(case)
+        for rule in NCCL_RULES:
+            row = rows[f"nccl: {rule}"]
+            row["cases"] += 1
+            row["tp"] += rule in named and rule in case.expect
+            row["fp"] += rule in named and rule not in case.expect
+            row["fn"] += rule not in named and rule in case.expect
+    out = {}
+    for key, row in rows.items():
+        precision, recall = precision_recall(row["tp"], row["fp"], row["fn"])
+        out[key] = {**row, "precision": precision, "recall": recall}
+    return out
+
+
+def _print_network(table: dict[str, dict[str, Any]]) -> None:
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{v:.0%}"
+
+    print(f"\n{'network':36} {'cases':>5} {'tp':>4} {'fp':>4} {'fn':>4} {'precision':>9} "
+          f"{'recall':>6}")  # fmt: skip
+    for key, r in table.items():
+        print(f"{key:36} {r['cases']:5} {r['tp']:4} {r['fp']:4} {r['fn']:4} "
+              f"{pct(r['precision']):>9} {pct(r['recall']):>6}")  # fmt: skip
 
 
 def matrix(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
@@ -122,11 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         outcomes = run_corpus(root / "corpus", epoch, args.only)
         corpus_s = time.monotonic() - t0
         table = matrix(outcomes)
+        network = network_quality(outcomes, args.only)
         soaked = None if args.no_soak else soak(
             root / "soak", epoch, args.soak_nodes, args.soak_days, args.jobs
         )  # fmt: skip
     bad = [o for o in outcomes if o.verdict in BAD]
-    failed = bool(bad) or bool(soaked and soaked.drains)
+    nccl_wrong = sum(r["fp"] + r["fn"] for k, r in network.items() if k.startswith("nccl"))
+    failed = bool(bad) or bool(soaked and soaked.drains) or bool(nccl_wrong)
     if args.json:
         doc = {
             "schema": "slurmhealth.detection-quality/1",
@@ -136,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 "benign": sum(not o.case.fault for o in outcomes),
                 "wall_s": round(corpus_s, 1),
                 "matrix": table,
+                "network": network,
                 "errors": [o.to_dict() for o in bad],
                 "outcomes": [
                     {k: v for k, v in o.to_dict().items() if k != "steps"} for o in outcomes
@@ -150,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {faults} fault and {len(outcomes) - faults} benign scenarios, "
           f"{corpus_s:.1f} s\n")  # fmt: skip
     _print_matrix(table)
+    _print_network(network)
     for o in bad:
         print(f"  {o.verdict.upper()} {o.case.name}: {o.detail}")
     if soaked is not None:

@@ -30,7 +30,8 @@ class Measurement:
     message size), ``gpuburn.gflops`` (per GPU, never 0), ``fio.seq_1m.read_bw`` (MiB/s),
     ``fio.rand_4k.read_iops``, ``fio.rand_4k.read_lat_p99`` (us, lower is better),
     ``nvbandwidth.<testcase>`` (GB/s), ``dcgm.<test>`` (1 pass, 0.5 warn, 0 fail),
-    ``ib_write_bw.bw_avg`` (Gb/s, perftest)."""
+    ``ib_write_bw.bw_avg`` (Gb/s, perftest; ``printed``: ``"46742.18 MiB/sec"``),
+    ``ib_send_lat.lat_typical_us`` (us, lower is better)."""
 
     metric: str
     value: float
@@ -38,6 +39,7 @@ class Measurement:
     gpu: int | None = None
     higher_is_better: bool = True
     detail: Mapping[str, Any] = field(default_factory=dict)
+    printed: str | None = None  # the value as the tool printed it, with its unit
 
 
 @dataclass(frozen=True)

@@ -29,13 +29,25 @@ __all__ = [
 ]
 
 
-def parse(kind: str, text: str, *, test: str | None = None) -> ParseResult:
+def parse(
+    kind: str,
+    text: str,
+    *,
+    test: str | None = None,
+    output: str | None = None,
+    unit: str | None = None,
+) -> ParseResult:
     """Parse ``text`` as the output of benchmark ``kind`` (one of :data:`KINDS`).
 
-    ``test`` names the nccl-tests binary (``all_reduce_perf``) when the output does not.
+    ``test`` names the nccl-tests binary (``all_reduce_perf``) or the perftest tool
+    (``ib_write_bw``) when the output does not; ``output`` and ``unit``: perftest's
+    ``--output=bandwidth|message_rate|latency`` one-number runs and their unit.
     Raises :class:`BenchmarkFailed` when the run measured nothing, so a configured benchmark
     that measured nothing can never pass ``validate`` or be stored as a baseline."""
-    result = _dispatch(kind, text, test)
+    if kind == "perftest":
+        result = parse_perftest(text, test=test, output=output, unit=unit)
+    else:
+        result = _dispatch(kind, text, test)
     if not result.measurements:
         why = "; ".join(result.errors or result.problems) or "no values in the output"
         raise BenchmarkFailed(f"{kind}: measured nothing ({why[:300]})")
@@ -53,8 +65,6 @@ def _dispatch(kind: str, text: str, test: str | None) -> ParseResult:
         return parse_nvbandwidth(text)
     if kind == "dcgm":
         return parse_dcgm(text)
-    if kind == "perftest":
-        return parse_perftest(text, test=test)
     raise BaselineParseError(
         f"unknown benchmark kind {kind!r}; expected one of: {', '.join(KINDS)}"
     )

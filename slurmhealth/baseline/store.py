@@ -1,7 +1,8 @@
 """Benchmark results in the node's history (table ``baselines``), and read back fleet-wide.
 
-A metric is lower-is-better by naming convention only (``*_lat_p50`` / ``*_lat_p99``);
-nothing extra is stored. ``detail`` of a measurement is not stored.
+A metric is lower-is-better by naming convention only (``*_lat_p50`` / ``*_lat_p99``, and
+perftest's latencies ``*_us``, also per size: ``ib_send_lat.lat_typical_us@2``); nothing
+extra is stored. ``detail`` of a measurement is not stored.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from typing import Any
 from slurmhealth.baseline.model import ParseResult
 from slurmhealth.config import Config
 
-LOWER_IS_BETTER_SUFFIXES = ("_lat_p50", "_lat_p99")
+LOWER_IS_BETTER_SUFFIXES = ("_lat_p50", "_lat_p99", "_us")
 
 
 def higher_is_better(metric: str) -> bool:
-    """False for latency percentiles (``fio.randread.read_lat_p99``), True otherwise."""
-    return not metric.endswith(LOWER_IS_BETTER_SUFFIXES)
+    """False for latency percentiles (``fio.randread.read_lat_p99``) and latencies in
+    microseconds (``ib_write_lat.lat_typical_us@2``), True otherwise."""
+    return not metric.partition("@")[0].endswith(LOWER_IS_BETTER_SUFFIXES)
 
 
 def ingest(

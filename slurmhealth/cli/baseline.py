@@ -32,6 +32,17 @@ def baseline() -> None:
 @click.option("--node", help="Node the result belongs to (default: this node).")
 @click.option("--gpu-model", help="GPU model, e.g. 'NVIDIA H100 80GB HBM3'.")
 @click.option("--label", help="Free label, e.g. 'acceptance' or 'after-rma'.")
+@click.option("--test", help="The tool, when the output does not name it (ib_write_bw).")
+@click.option(
+    "--perftest-output",
+    type=click.Choice(["bandwidth", "message_rate", "latency"]),
+    help="perftest ran with --output=...: one number per run (give --test too).",
+)
+@click.option(
+    "--perftest-unit",
+    type=click.Choice(["MiB/sec", "MB/sec", "Gb/sec"]),
+    help="Unit of a --perftest-output bandwidth (Gb/sec with --report_gbits).",
+)
 @json_option
 @pass_ctx
 def ingest_cmd(
@@ -41,6 +52,9 @@ def ingest_cmd(
     node: str | None,
     gpu_model: str | None,
     label: str | None,
+    test: str | None,
+    perftest_output: str | None,
+    perftest_unit: str | None,
     as_json: bool,
 ) -> None:
     """Parse FILE (the benchmark's output) as KIND and store its numbers.
@@ -56,7 +70,7 @@ def ingest_cmd(
         raise UsageError(f"{file}: {exc.strerror or exc}") from None
     cfg = ctx.config()
     node = node or cfg.node_name
-    result = parse(kind, text)
+    result = parse(kind, text, test=test, output=perftest_output, unit=perftest_unit)
     model = gpu_model or result.gpu_model
     n = store.ingest(cfg, kind, result, node=node, gpu_model=model, label=label, source=file)
     if as_json:
@@ -67,13 +81,15 @@ def ingest_cmd(
             "file": file, "gpu_model": model, "stored": n, "passed": result.passed,
             "errors": list(result.errors), "problems": list(result.problems),
             "measurements": [{"metric": m.metric, "gpu": m.gpu, "value": m.value,
-                              "unit": m.unit} for m in result.measurements],
+                              "unit": m.unit, "printed": m.printed}
+                             for m in result.measurements],
         })  # fmt: skip
         sys.exit(0 if result.passed else 1)
     click.echo(f"stored {n} {kind} measurement(s) for {node} from {file}")
     for m in result.measurements:
         gpu = "" if m.gpu is None else f" [gpu{m.gpu}]"
-        click.echo(f"  {m.metric}{gpu} = {m.value:g} {m.unit}".rstrip())
+        printed = f" (printed {m.printed})" if m.printed else ""
+        click.echo(f"  {m.metric}{gpu} = {m.value:g} {m.unit}{printed}".rstrip())
     for p in result.problems:
         click.echo(f"  parser: {p}")
     if result.passed:

@@ -84,6 +84,9 @@ class NodeFacts:
     evidence: tuple[Mapping[str, Any], ...] = ()  # manifest entries of the node's bundle
     logs: Mapping[str, str] = field(default_factory=dict)  # tails: stderr, nccl, kernel, stacks
     bundle_dir: str | None = None
+    # the NCCL logs' verdicts (slurmhealth.nccl_log.NcclFacts.to_dict()), read from the
+    # bundle's whole NCCL files; empty: none were captured (rules read the tail instead)
+    nccl: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -113,6 +116,7 @@ class NodeFacts:
             evidence=tuple(data.get("evidence", ())),
             logs=dict(data.get("logs", {})),
             bundle_dir=data.get("bundle_dir"),
+            nccl=dict(nccl) if isinstance(nccl := data.get("nccl"), Mapping) else {},
         )
 
 

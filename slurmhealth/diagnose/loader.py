@@ -53,13 +53,15 @@ _SCHEMA: Mapping[str, Mapping[str, str]] = {
     "task": {"field!": "task_field", **_CMP},
     "job": {"state": "names", "exit_nonzero": "bool", "signal": "ints", "nodes_at_most": "num"},
     "log": {"source!": "text", "pattern": "regex"},
+    "nccl": {"inter_node_transport": "names", "intra_node_left_nvlink": "bool",
+             "user_choice": "bool", "intra_choice": "bool"},
     "rule": {"name!": "name", "title!": "text", "severity!": "sev", "root_cause!": "text",
              "verify!": "text", "fault_class!": "fault", "user_action!": "text",
              "admin_action": "text", "action": "text", "confidence!": "ratio", "when!": "matcher",
              "cite": "matchers", "suppressed_by": "sev", "escalate": "bool", "verdict": "text"},
 }
 _NEEDS_ONE = {"gpu_stat": (*COMPARE, "below_peer_ratio", "straggler"), "task": tuple(COMPARE),
-              "job": tuple(_SCHEMA["job"])}
+              "job": tuple(_SCHEMA["job"]), "nccl": tuple(_SCHEMA["nccl"])}
 # fmt: on
 _KNOWN = ", ".join([*MATCHERS, "all", "any", "not"])
 _PEER_KEYS = ("below_peer_ratio", "peers_at_least", "straggler")

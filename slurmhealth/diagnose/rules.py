@@ -25,6 +25,7 @@ from slurmhealth.diagnose.facts import (
     TaskFacts,
 )
 from slurmhealth.model import Severity
+from slurmhealth.nccl_log import NcclFacts, read_facts
 
 MAX_CITATIONS = 25  # per diagnosis: the earliest matches first, then the cited tails
 LOG_TAIL_LINES = 5  # lines cited from a log matched without a pattern
@@ -197,6 +198,7 @@ class Scope:
                     self.xids.setdefault(code, []).append((label, row))
         self._hits: dict[tuple[str, int], Hit] = {}
         self._lines: dict[str, list[str]] = {}
+        self._nccl: list[NcclFacts | None] = []
 
     def hit(self, label: str, row: Mapping[str, Any]) -> Hit:
         key = (label, id(row))
@@ -229,6 +231,16 @@ class Scope:
                 kept = _since(kept, self.job.start_ts)
             self._lines[source] = kept
         return self._lines[source]
+
+    def nccl(self) -> NcclFacts | None:
+        """The NCCL reader's facts: the summary's (read from the whole files), else read
+        from the log tail; None without NCCL lines."""
+        if not self._nccl:
+            known = self.node.nccl if isinstance(self.node.nccl, Mapping) else {}
+            lines = self.lines("nccl")
+            self._nccl.append(NcclFacts.from_dict(dict(known)) if known else
+                              read_facts(lines) if lines else None)  # fmt: skip
+        return self._nccl[0]
 
 
 # -- matchers: (options, scope) -> hits or None -------------------------------------------------
@@ -343,6 +355,21 @@ def _log(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
     return hits or None
 
 
+def _nccl(o: Mapping[str, Any], s: Scope) -> list[Hit] | None:
+    f = s.nccl()
+    if f is None or ("inter_node_transport" in o and f.inter_node_transport not in o[
+            "inter_node_transport"]):  # fmt: skip
+        return None
+    for key in ("intra_node_left_nvlink", "user_choice", "intra_choice"):
+        if key in o and bool(getattr(f, key)) != o[key]:
+            return None
+    pairs = (("transport", f.inter_node_transport), ("choice", f.user_choice or f.intra_choice),
+             ("version", f.version), ("hosts", str(len(f.hosts)) if f.hosts else None))  # fmt: skip
+    tag = tuple((k, v) for k, v in pairs if v)
+    texts = f.evidence or (f"NCCL: inter-node {f.inter_node_transport or 'unknown'}",)
+    return [Hit("log", t[:MAX_TEXT], s.name, ref="logs/nccl", values=tag) for t in texts]
+
+
 MATCHERS: Mapping[str, Fn] = {
     "event": _rows("event", "kind"),
     "finding": _finding,
@@ -351,4 +378,5 @@ MATCHERS: Mapping[str, Fn] = {
     "task": _task,
     "job": _job,
     "log": _log,
+    "nccl": _nccl,
 }

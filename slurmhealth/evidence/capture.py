@@ -10,9 +10,7 @@ every file with its sha256 in ``manifest.json`` and in the history's ``evidence`
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -28,6 +26,7 @@ from slurmhealth.evidence.sources import (
     Sink,
     find_py_spy,
     history_rows,
+    nccl_paths,
     py_spy_dumps,
     rdma_sources,
     run_command,
@@ -95,19 +94,6 @@ class _Request:
     nvml_done: threading.Event = field(default_factory=threading.Event)
 
 
-def _home(user: str, uid: int | None) -> str:
-    import pwd
-
-    try:
-        if user:
-            return pwd.getpwnam(user).pw_dir
-        if uid is not None:
-            return pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        pass
-    return ""
-
-
 def _nvml(req: _Request, task: _Task, deadline: float) -> None:
     from slurmhealth.gpu import open_backend
 
@@ -151,16 +137,7 @@ def _kernel(req: _Request, task: _Task, deadline: float) -> None:
 
 def _nccl(req: _Request, task: _Task, deadline: float) -> None:
     ev = req.cfg.evidence
-    home = _home(req.job.user, req.job.uid)
-    values = {"{job_id}": req.job.job_id, "{user}": req.job.user, "{home}": home}
-    paths: list[str] = []
-    for pattern in ev.nccl_globs:
-        if any(key in pattern and not value for key, value in values.items()):
-            continue  # e.g. {home} of an unknown user
-        for key, value in values.items():
-            pattern = pattern.replace(key, glob.escape(value))
-        paths.extend(itertools.islice(glob.iglob(pattern), ev.nccl_max_files * 4))
-    paths = sorted(set(paths))
+    paths = nccl_paths(req.cfg, req.job)  # (evidence/sources.py)
     if not paths:
         task.skip = "no NCCL debug file matched evidence.nccl_globs"
         return

@@ -9,6 +9,8 @@ at the deadline. Deadlines are ``time.monotonic()`` values.
 from __future__ import annotations
 
 import contextlib
+import glob
+import itertools
 import json
 import os
 import selectors
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
+    from slurmhealth.model_records import Job
 
 _CHUNK = 65536
 
@@ -129,25 +132,37 @@ def run_command(argv: Sequence[str], sink: Sink, deadline: float) -> int | None:
     return rc
 
 
+def _open_owned(path: str, uid: int | None) -> tuple[int, os.stat_result] | str:
+    """An fd of the regular file ``path`` and its stat, opened without following a final
+    symlink and, when ``uid`` is known, owned by it; else why not (one line)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"cannot open {path}: {exc.strerror or exc}"
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISREG(st.st_mode):
+        why = f"{path} is not a regular file"
+    elif uid is not None and st.st_uid != uid:
+        why = f"{path} belongs to uid {st.st_uid}, not the job's uid {uid}; not copied"
+    if why is not None:
+        os.close(fd)
+        return why
+    return fd, st
+
+
 def tail_file(path: str, sink: Sink, nbytes: int, uid: int | None = None) -> None:
     """The last ``min(nbytes, sink.cap)`` bytes of the regular file ``path``.
 
     The file is opened without following a final symlink; when ``uid`` is known it must own
     the file (a job's user must not get root to copy someone else's file into the bundle).
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        sink.fail(f"cannot open {path}: {exc.strerror or exc}")
+    opened = _open_owned(path, uid)
+    if isinstance(opened, str):
+        sink.fail(opened)
         return
+    fd, st = opened
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            sink.fail(f"{path} is not a regular file")
-            return
-        if uid is not None and st.st_uid != uid:
-            sink.fail(f"{path} belongs to uid {st.st_uid}, not the job's uid {uid}; not copied")
-            return
         want = min(nbytes, sink.cap)
         start = max(0, st.st_size - want)
         end = st.st_size
@@ -159,6 +174,21 @@ def tail_file(path: str, sink: Sink, nbytes: int, uid: int | None = None) -> Non
             off += len(chunk)
         if start > 0:
             sink.truncated = True
+    finally:
+        os.close(fd)
+
+
+def head_file(path: str, nbytes: int, uid: int | None = None) -> bytes | None:
+    """The first ``nbytes`` of the regular file ``path`` (the same rules as
+    :func:`tail_file`); None when it cannot be read."""
+    opened = _open_owned(path, uid)
+    if isinstance(opened, str):
+        return None
+    fd, _st = opened
+    try:
+        return os.pread(fd, nbytes, 0)
+    except OSError:
+        return None
     finally:
         os.close(fd)
 
@@ -281,3 +311,33 @@ def _into_sink(read: Callable[..., object]) -> Callable[[Any, float], None]:
         read(task.out(), deadline)
 
     return run
+
+
+def _home(user: str, uid: int | None) -> str:
+    import pwd
+
+    try:
+        if user:
+            return pwd.getpwnam(user).pw_dir
+        if uid is not None:
+            return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        pass
+    return ""
+
+
+def nccl_paths(cfg: Config, job: Job) -> list[str]:
+    """The job's NCCL debug files: ``evidence.nccl_globs`` with ``{job_id}``, ``{user}`` and
+    ``{home}`` filled in (escaped), sorted; at most 4 x ``nccl_max_files`` per glob. Used by
+    the capture and by the sidecar's NCCL watch."""
+    ev = cfg.evidence
+    home = _home(job.user, job.uid)
+    values = {"{job_id}": job.job_id, "{user}": job.user, "{home}": home}
+    paths: list[str] = []
+    for pattern in ev.nccl_globs:
+        if any(key in pattern and not value for key, value in values.items()):
+            continue  # e.g. {home} of an unknown user
+        for key, value in values.items():
+            pattern = pattern.replace(key, glob.escape(value))
+        paths.extend(itertools.islice(glob.iglob(pattern), ev.nccl_max_files * 4))
+    return sorted(set(paths))

@@ -55,6 +55,23 @@ def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
     return logs
 
 
+def bundle_nccl(dir_fd: int, cap: int) -> dict[str, Any]:
+    """The NCCL reader's facts (:func:`slurmhealth.nccl_log.read_facts`) of the bundle's
+    NCCL files, each read up to ``cap`` bytes (their channel lines are at the start, which
+    the summary's tail leaves out); {} without NCCL files."""
+    from slurmhealth.nccl_log import read_facts
+
+    texts = []
+    with bundle.open_existing("nccl", dir_fd) as sub:
+        if sub is None:
+            return {}
+        for entry in sorted(os.listdir(sub)):
+            if data := bundle.read_tail(sub, entry, cap):
+                texts.append(data.decode("utf-8", "replace"))
+    lines = (line for text in texts for line in text.splitlines())
+    return read_facts(lines).to_dict() if texts else {}
+
+
 class Written(NamedTuple):
     path: str  # the summary.json written
     summary: dict[str, Any]  # what it holds (NodeFacts.to_dict())
@@ -95,13 +112,15 @@ def write_summary(
     path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
     cap = cfg.evidence.summary_log_kib * 1024
     have_manifest = False
+    nccl: dict[str, Any] = {}
     with bundle.open_existing(path) as fd:
         if fd is not None:
             have_manifest = bundle.read_tail(fd, bundle.MANIFEST, 1) is not None
             if logs is None:
                 logs = bundle_logs(fd, cap)
+            nccl = bundle_nccl(fd, cfg.evidence.nccl_tail_kib * 1024)
     facts, row_uid = node_summary(cfg, job_id, node, logs)
-    facts = dataclasses.replace(facts, bundle_dir=path if have_manifest else None)
+    facts = dataclasses.replace(facts, bundle_dir=path if have_manifest else None, nccl=nccl)
     gid, _ = bundle.admin_gid(cfg.evidence.admin_group)
     owner = bundle.Owner(uid if uid is not None else row_uid, gid)
     summary = facts.to_dict()

@@ -43,7 +43,8 @@ def add_baselines(
     rows = [
         ("baselines", {"ts": ts, "node": node, "kind": kind, "metric": m.metric,
                        "value": float(m.value), "unit": m.unit, "gpu_model": gpu_model or None,
-                       "gpu": m.gpu, "label": label or None, "source": source or None})
+                       "gpu": m.gpu, "label": label or None, "source": source or None,
+                       "printed": getattr(m, "printed", None)})
         for m in measurements
     ]  # fmt: skip
     if rows:

@@ -60,7 +60,8 @@ COLUMNS: dict[str, dict[str, str]] = {
     "evidence": {"id": _I, "ts": _R, "job_id": _T, "node": _T, "path": _T, "sha256": _T,
                  "size": _I, "kind": _T},
     "baselines": {"id": _I, "ts": _R, "node": _T, "kind": _T, "metric": _T, "value": _R,
-                  "unit": _T, "gpu_model": _T, "gpu": _I, "label": _T, "source": _T},
+                  "unit": _T, "gpu_model": _T, "gpu": _I, "label": _T, "source": _T,
+                  "printed": _T},
     "kv": {"key": _T, "value": _T, "updated": _R},
     # one step of a node's automatic repair (hooks/remediate.py): reset, validate, reboot,
     # resume, service_required; ``job_id`` the job that met the fault (from its drain)
@@ -160,6 +161,15 @@ def _remediations(db: Any) -> None:
         db["remediations"].create(dict(COLUMNS["remediations"]), pk="id")
     for cols in INDEXES["remediations"]:
         db["remediations"].create_index(list(cols), if_not_exists=True)
+
+
+@migration(5, "baselines keep the value as the tool printed it")
+def _baseline_printed(db: Any) -> None:
+    """perftest prints MB/sec, MiB/sec or Gb/sec: ``value`` is converted (Gb/s), ``printed``
+    keeps the tool's own number and unit (``46742.18 MiB/sec``); NULL for older rows."""
+    table = db["baselines"]
+    if table.exists() and "printed" not in table.columns_dict:
+        db["baselines"].add_column("printed", str)
 
 
 def latest_version() -> int:

@@ -194,6 +194,10 @@ def read_kernel_log(
     source = cfg.kernel_log.source
     if source == "auto":
         source = hint or "kmsg"
+    if source == "none":  # no kernel log: no position to read, keep or report
+        from slurmhealth.kernel_log import ReadResult
+
+        return ReadResult((), {}, False, None), source
     reader = KernelLogReader(
         source,
         lookback_s=cfg.kernel_log.lookback_s,
@@ -278,6 +282,8 @@ def judge(
         CURSOR_KEY: read.cursor,
         INVENTORY_KEY: _inventory(stored.get(INVENTORY_KEY), snapshot),
     }
+    if source == "none":
+        del state[CURSOR_KEY]  # no kernel log: no position is kept
     return Judged(result, state, (gpus, scope.mig) if scope.mig else None)
 
 

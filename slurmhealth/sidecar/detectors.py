@@ -60,6 +60,7 @@ KINDS: Mapping[str, Severity] = {
     "step_stall": Severity.FAIL,
     "ib_errors": Severity.FAIL,  # per port, by the RDMA watch (sidecar/rdma.py)
     "ib_port_down": Severity.FAIL,
+    "nccl_socket": Severity.WARN,  # sockets between nodes, by the NCCL watch (sidecar/nccl.py)
 }
 """Every event kind and its severity (``xid``, ``kernel``: decided per fault)."""
 

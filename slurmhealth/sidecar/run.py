@@ -192,6 +192,7 @@ class Sidecar:
 
     def _loop(self) -> None:
         from slurmhealth.sidecar.detectors import Detectors
+        from slurmhealth.sidecar.nccl import NcclWatch
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
@@ -199,6 +200,7 @@ class Sidecar:
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         rdma = self._rdma_watch()
+        nccl = NcclWatch(self.cfg, self.labels, time.time())
         presence = JobPresence(self.labels.job_id, unseen_grace_s=self.cfg.sidecar.unseen_grace_s)
         klog, cursor = self._kernel_log(backend)
         xid_queue: list[XidEvent] = []
@@ -214,6 +216,7 @@ class Sidecar:
                 t0 = time.monotonic()
                 snapshot = only_instances(backend.snapshot(self.gpus), self.labels.mig)
                 events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
+                events += nccl.observe(time.time())
                 klog_read = klog.read_new(cursor, time.time())
                 cursor = klog_read.cursor
                 with self._lock:
@@ -296,6 +299,8 @@ class Sidecar:
             source = backend.kernel_log_hint or "kmsg"
         klog = KernelLogReader(source, lookback_s=self.interval * 2, budget_s=0.5,
                                net=self.cfg.has_rdma(self.node))  # fmt: skip
+        if source == "none":  # no kernel log: no position to read
+            return klog, None
         try:
             with History.for_node(self.cfg, self.node) as history:
                 return klog, history.kv_get("kernel_log_cursor")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from slurmhealth.kernel_log import format_kmsg_record, split_line
 from slurmhealth.rdma import simtree
 from tests.integration import test_sidecar
 from tests.integration.conftest import Cluster
@@ -26,6 +28,8 @@ from tests.integration.test_sidecar import Fleet, _wait
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / "tests" / "fixtures" / "bin"
+MLX5_DATA = REPO / "tests" / "data" / "mlx5"
+MLX5_1 = "0000:3c:00.0"  # the ndr4 tree's mlx5_1 (GPUs 2 and 3 behind it)
 TREE_NODES = ("n1", "n2")  # n3 has no RDMA devices: nothing of the layer runs there
 SYMBOLS_PER_S = 10.0  # n2 mlx5_1/1's symbol errors once they start (600/min; limit 10/min)
 RDMA_CONFIG = """
@@ -180,3 +184,58 @@ def test_ib_write_bw_template_stores_each_hcas_bandwidth(
     labels = {r["label"] for r in rows}
     assert {"ib-write-bw-mlx5_0", "ib-write-bw-mlx5_1"} <= labels, rows
     assert all(abs(r["value"] - 392.11) < 0.01 and r["unit"] == "Gb/s" for r in rows), rows
+
+
+def _append_kmsg(cluster: Cluster, node: str, lines: list[str]) -> None:
+    """Log ``lines`` in ``node``'s kernel log (the simulator's kmsg-format file, which the
+    hooks read from their stored position), as the mlx5 driver would now."""
+    path = cluster.node_dir(node) / "kmsg"
+    seqs = [int(r.split(",")[1]) for r in path.read_text().splitlines() if r.count(",") >= 3]
+    usec = int(float(Path("/proc/uptime").read_text().split()[0]) * 1e6)
+    seq = max(seqs, default=0)
+    with path.open("a") as f:
+        for i, text in enumerate(lines, 1):
+            f.write(format_kmsg_record(seq + i, usec + i, text) + "\n")
+
+
+def _drained_by_a_job_on(cluster: Cluster, node: str) -> str:
+    """Submit a job to ``node``; its prolog reads the new kernel-log lines and drains the
+    node: the reason ``sinfo -R`` shows (the held job is cancelled)."""
+    job = cluster.sbatch("-w", node, "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true",
+                         wait=False)  # fmt: skip
+    try:
+        return str(_wait(lambda: cluster.sinfo_reasons().get(node), 60, f"{node} drained"))
+    finally:
+        subprocess.run(["scancel", job.job_id], check=False)
+        cluster.wait_idle()
+
+
+def test_mlx5_command_timeout_and_numbered_fatal_error_drain_n2_with_the_reason(
+    rdma_config: Cluster,
+) -> None:
+    """Real mlx5 lines of public reports (tests/data/mlx5), on n2's mlx5_1 (0000:3c:00.0 in
+    the ndr4 tree): a firmware command that never completed drains n2 naming the command;
+    after a resume, a numbered fatal error drains it naming the sensor."""
+    cluster, node = rdma_config, "n2"
+    kmsg = cluster.node_dir(node) / "kmsg"
+    kmsg.touch()
+    first = cluster.sbatch("-w", node, "--gres=gpu:1", "-o", "/dev/null", "--wrap", "true")
+    assert first.state == "COMPLETED", first.record  # the kernel-log position is now set
+    assert node not in cluster.sinfo_reasons()
+
+    hang = (MLX5_DATA / "netdev_2025_cx7_access_reg.log").read_text().splitlines()
+    _append_kmsg(cluster, node, [split_line(t).text.replace("0000:56:00.0", MLX5_1)
+                                 for t in hang])  # fmt: skip
+    reason = _drained_by_a_job_on(cluster, node)
+    assert reason.startswith(
+        "slurmhealth: ib_kernel_log mlx5_1 command interface timeout: ACCESS_REG(0x805)"
+    ), reason
+
+    cluster.resume_all()
+    _append_kmsg(cluster, node, [f"mlx5_core {MLX5_1}: poll_health:800:(pid 0): "
+                                 "Fatal error 1 detected"])  # fmt: skip
+    reason = _drained_by_a_job_on(cluster, node)
+    assert reason.startswith(
+        "slurmhealth: ib_kernel_log mlx5_1 firmware fatal error 1 (PCI communication lost)"
+    ), reason
+    assert "n1" not in cluster.sinfo_reasons()

@@ -411,7 +411,9 @@ def _judge_warn(case: Case, steps: tuple[Step, ...], enumerated: Sequence[str]) 
     ]
     if not reported:
         return Outcome(case, steps, "missed", f"no {'/'.join(case.checks)} warning")
-    names = {blamed(f, enumerated) for f in reported}
+    gpus = set(enumerated) | set(case.blame)
+    # a bus id that is no GPU's (an HCA's, a switch's) is the node's
+    names = {n if (n := blamed(f, enumerated)) in gpus else None for f in reported}
     if names - set(case.blame or [None]):
         return Outcome(case, steps, "wrong_gpu", f"blamed {sorted(map(str, names))}")
     return Outcome(case, steps, "detected", reported[0]["message"])

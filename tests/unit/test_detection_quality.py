@@ -240,3 +240,15 @@ def test_a_healthy_node_day_soaks_without_a_drain(tmp_path: Path) -> None:
     result = soak(tmp_path, EPOCH, nodes=1, days=1.0)
     assert result.runs["prolog"] > 0 and result.runs["epilog"] > 0, result.runs
     assert result.drains == [] and result.alarms == [], (result.drains, result.alarms)
+
+
+def test_the_network_corpus_is_detected_without_false_drains(tmp_path: Path) -> None:
+    """benchmarks/detection_quality.py's network part: each mlx5 case's expected action
+    through the hooks, each NCCL case's expected rules and no other NCCL rule."""
+    from tests.support.corpus_network import judge_nccl, nccl_cases, network_cases
+
+    for c in network_cases(tmp_path / "rdma-tree"):
+        o = run_case(c, tmp_path / c.name.replace("/", "_"), EPOCH)
+        assert o.verdict == ("ok" if c.expect == "ok" else "detected"), (c.name, o.detail)
+    for n in nccl_cases():
+        assert judge_nccl(n) == set(n.expect), n.name

@@ -96,6 +96,15 @@ CASES: dict[str, Facts] = {
         ),
         node("n2"),
     ),
+    "nccl_sockets_by_choice": facts(
+        node(
+            logs={
+                "nccl": "n1:2:2 [0] NCCL INFO NCCL_IB_DISABLE set by environment to 1.\n"
+                "n1:2:9 [0] NCCL INFO Channel 00/0 : 0[0] -> 8[0] [send] via NET/Socket/0"
+            }
+        ),
+        node("n2"),
+    ),
     "straggler_rank": facts(
         node(events=(event("rank_straggler", severity="warn", rank=3, cause="compute"),))
     ),
@@ -166,8 +175,21 @@ def test_rule_fires_alone(rule: str) -> None:
         ("uncorrectable_memory", node(findings=(finding("ecc_uncorrectable", 1, volatile=2),)), {}),
         ("nvlink_degraded", node(events=(event("nvlink_down", 0, link=2),)), {}),
         ("nvlink_degraded", node(events=(xid_event(145, 0),)), {}),
-        ("nvlink_degraded", node(logs={"nccl": "NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM"}), {}),
-        ("nvlink_degraded", node(logs={"nccl": "NCCL INFO Channel 00 : 0 -> 1 via NET/IB/0"}), {}),
+        (
+            "nvlink_degraded",
+            node(logs={"nccl": "n1:5:6 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM"}),
+            {},
+        ),
+        (
+            "nvlink_degraded",
+            node(
+                logs={
+                    "nccl": "n1:5:6 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via NET/IB/0\n"
+                    "n1:7:8 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via NET/IB/0"
+                }
+            ),
+            {},
+        ),
         ("thermal_or_power_throttling", node(events=(event("throttle", 3),)), {}),
         ("thermal_or_power_throttling", node(events=(event("thermal", 3),)), {}),  # sidecar
         ("thermal_or_power_throttling", node(findings=(finding("thermal_margin", 3),)), {}),
@@ -296,7 +318,11 @@ def test_citations_point_at_the_matching_rows() -> None:
 def test_one_diagnosis_per_gpu_and_node_level_hits_cited_in_each() -> None:
     n = node(
         events=(event("nvlink_down", 1), event("nvlink_down", 2), event("nvlink_down", 2)),
-        logs={"nccl": "NCCL INFO NVLink disabled"},
+        logs={
+            "nccl": "n1:5:6 [0] NCCL INFO P2P is disabled between NVLINK connected GPUs 1 and "
+            "2. This should not be the case given their connectivity, and is probably due to a "
+            "hardware issue. If you still want to proceed, you can set NCCL_IGNORE_DISABLED_P2P=1."
+        },
     )
     ds = diagnose(facts(n))
     assert [(d.rule, d.gpu, len(d.citations)) for d in ds] == [
@@ -397,7 +423,7 @@ def _broken(tmp_path: Path, old: str, new: str) -> Path:
         (
             "{ job = { nodes_at_most = 1 } }",
             "{ job = { nodes_at_most = true } }",
-            "rule[2].when.any[4].all[1].job.nodes_at_most",
+            "rule[18].when.all[1].not.job.nodes_at_most",
         ),
     ],
 )

@@ -228,6 +228,25 @@ def test_malformed_stored_cursor_never_breaks_check(
     assert any("unreadable" in n for n in notes) and any("rebuilt" in n for n in notes)
 
 
+def test_without_a_kernel_log_no_position_is_read_kept_or_reported(
+    sim_env: Any, tmp_path: Path
+) -> None:
+    """``kernel_log.source = "none"``: was "stored kernel-log position unreadable, ignored:
+    '{}'" on every check after the first (the empty cursor of no source was stored)."""
+    env = sim_env("healthy", SLURMHEALTH_KERNEL_LOG="none")
+    for _ in range(2):
+        proc = run_cli("check", "--json", env=env)
+        assert proc.returncode == 0, proc.stderr
+        notes = json.loads(proc.stdout)["notes"]
+        assert not [n for n in notes if "position" in n], notes
+        assert "position" not in proc.stderr, proc.stderr
+    db = tmp_path / "history.db"
+    with sqlite3.connect(db) as conn:
+        kept = conn.execute("SELECT value FROM kv WHERE key = ?", (CURSOR_KEY,)).fetchall()
+    assert kept == []
+    assert not Path(str(state_path(str(db)))).exists()
+
+
 # -- decoding, choosing, the state file ------------------------------------------------------
 KMSG = {"source": "kmsg", "boot_id": "b1", "seq": 10, "saved": 100.0}
 FILE = {"source": "file", "path": "/l", "inode": 3, "dev": 1, "offset": 7, "line": 1, "seq": None}

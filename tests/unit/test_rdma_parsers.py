@@ -237,12 +237,12 @@ MLX5_LINES = [  # line, kind, bus, device, module, level
     (
         "mlx5_core 0000:12:00.0: mlx5_pcie_event:299:(pid 268269): "
         "Detected insufficient power on the PCIe slot (27W).",
-        "net_pcie_power", "0000:12:00.0", "mlx5_core", None, "error",
+        "net_pcie_power", "0000:12:00.0", "mlx5_core", 27, "error",
     ),
     (
         "mlx5_core 0000:d2:00.0: poll_health:174: "
         "device's health compromised - reached miss count.",
-        "net_health", "0000:d2:00.0", "mlx5_core", None, "error",
+        "net_health", "0000:d2:00.0", "mlx5_core", None, "fatal",
     ),
 ]  # fmt: skip
 

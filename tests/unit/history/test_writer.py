@@ -31,6 +31,7 @@ def test_fresh_db_gets_schema_and_reopening_does_not_migrate_again(tmp_path: Pat
         (2, "sample metrics as columns"),
         (3, "samples without the JSON duplicate; per-GPU rollups"),
         (4, "remediation steps"),
+        (5, "baselines keep the value as the tool printed it"),
     ]
     assert query(db, "PRAGMA user_version") == [(latest_version(),)]
     assert query(db, "PRAGMA journal_mode") == [("wal",)]
