@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 
 from slurmhealth.report.build import Report, build_report
 from slurmhealth.report.html import to_html
+from tests.support.skips import unavailable
 from tests.unit.report_jobs import day_job
 from tests.unit.test_report import build, make_cluster
 
@@ -44,9 +44,7 @@ def boxes(report: Report, tmp: Path) -> dict[str, list[float]]:
     """Each first-screen element's [top, bottom, width] in CSS pixels at 1400x900."""
     chromium = shutil.which("chromium")
     if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI")
-        pytest.skip("Debian's chromium is not installed")
+        unavailable("Debian's chromium is not installed")
     page = tmp / "measured.html"
     script = MEASURE % json.dumps(list(FIRST_SCREEN))
     page.write_text(to_html(report).replace("</body>", script + "</body>"))
