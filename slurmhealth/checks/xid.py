@@ -19,6 +19,7 @@ from slurmhealth.model import (
 )
 
 if TYPE_CHECKING:
+    from slurmhealth.checks.xid_table import XidInfo
     from slurmhealth.model_records import KernelEvent  # built only where a fault was read
 
 
@@ -49,6 +50,7 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         count = f" (x{len(members)})" if len(members) > 1 else ""
         cause = _cause(first, ctx.xids) if code == 45 else None
         because = f", caused by Xid {cause}" if cause is not None else ""
+        because += _driver_said(info, members)
         out.append(
             finding(
                 "xid",
@@ -69,6 +71,16 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
             )
         )
     return out
+
+
+def _driver_said(info: XidInfo, members: Sequence[XidEvent]) -> str:
+    """The driver's own verdict when it overrode the catalog with a reset: the catalog's
+    name alone (Xid 94 "Contained error") would contradict a line that says Uncontained."""
+    if info.basis != "driver" or info.action is not Action.RESET:
+        return ""
+    if any(e.contained is False for e in members):
+        return ", uncontained: reset required"
+    return ", the driver asks for a reset"
 
 
 def _pending(gpu: GpuState | None) -> bool | None:

@@ -40,6 +40,9 @@ def test_owner_root_and_admin_group_read_a_job_nobody_else() -> None:
     assert access.may_read_job(OPS_BOB, ADMINS, 1001, "alice")  # the admin group
     assert not access.may_read_job(OPS_BOB, Rights(), 1001, "alice")  # no admin group
     assert access.may_read_job(Caller(0, "root", frozenset()), Rights(), None, None)
+    nameless = Caller(54321, None, frozenset({54321}))  # a uid without a passwd entry
+    assert not access.may_read_job(nameless, ADMINS, None, None)  # unknown owner: admins only
+    assert not access.may_read_job(nameless, ADMINS, None, "")
 
 
 def test_refusals_name_who_may_and_exit_4() -> None:
@@ -143,9 +146,12 @@ def _open_db_like_an_old_install(top: Path) -> None:
         path.chmod(0o644)
 
 
-def _run(top: Path, user: str | None, *args: str, group: str | None = None) -> tuple[int, str, str]:
-    """The real command line as ``user`` (root when None); the launcher only points the
-    system config at ``top/system.toml``, as a package built for that path would."""
+def _run(
+    top: Path, user: str | None, *args: str, group: str | None = None, uid: int | None = None
+) -> tuple[int, str, str]:
+    """The real command line as ``user`` (root when None; or as a bare ``uid`` that has no
+    passwd entry); the launcher only points the system config at ``top/system.toml``, as a
+    package built for that path would."""
     site_packages = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
     launcher = ("import sys, slurmhealth.access as a; a.SYSTEM_CONFIG = sys.argv[1]; "
                 "from slurmhealth.cli import main; main(sys.argv[2:])")  # fmt: skip
@@ -154,6 +160,8 @@ def _run(top: Path, user: str | None, *args: str, group: str | None = None) -> t
            "/usr/bin/python3", "-c", launcher, str(top / "system.toml"), *args]  # fmt: skip
     if user:
         cmd = ["runuser", "-u", user, *(["-G", group] if group else []), "--", *cmd]
+    elif uid is not None:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *cmd]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/")
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -219,3 +227,22 @@ def test_root_and_the_admin_group_read_any_job(site: Path, user: str, admin_grou
         args = ["42"] if command == "report" else ["--job", "42"]
         rc, out, err = _run(site, who, command, *args, "--json", group=group)
         assert rc == 0 and '"job_id": "42"' in out, err
+
+
+@root_only
+@needs_user_python
+def test_a_caller_without_a_user_name_cannot_read_a_job_whose_owner_is_unknown(
+    site: Path,
+) -> None:
+    """A uid with no passwd entry has no name; a job recorded without an owner has none
+    either: the two must not match (only admins read a job whose owner is unknown)."""
+    with History(site / "lib" / "history" / "history.db") as h:
+        run = {"run_id": "p44", "ts": 1.7e9, "node": "n1", "job_id": "44", "phase": "prolog",
+               "status": "ok", "gpus": [0]}  # fmt: skip
+        job = {"job_id": "44", "node": "n1", "start_ts": 1.7e9}  # no user, no uid
+        assert h.write(Batch(inserts=[("check_runs", run)], upserts=[("jobs", job, "job_id")]))
+    _open_db_like_an_old_install(site)
+    rc, out, err = _run(site, None, "report", "44", "--json")
+    assert rc == 0 and '"44"' in out, err  # root reads it: the job is there
+    _refused(_run(site, None, "report", "44", uid=54321), "job 44 belongs to an unknown user")
+    _refused(_run(site, None, "history", "--job", "44", uid=54321), "an unknown user")
