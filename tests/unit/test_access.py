@@ -24,6 +24,7 @@ from slurmhealth.history import Batch, History
 
 REPO = Path(__file__).resolve().parents[2]
 ADMINS = Rights("ops", 500, "/etc/slurmhealth/config.toml")
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
 ALICE = Caller(1001, "alice", frozenset({1001}))
 OPS_BOB = Caller(1002, "bob", frozenset({1002, 500}))
 
@@ -54,6 +55,94 @@ def test_refusals_name_who_may_and_exit_4() -> None:
         access.require_admin(OPS_BOB, Rights(), "list every job's runs")
 
 
+def test_callers_come_from_the_kernel_and_the_user_database() -> None:
+    me = access.current_caller()
+    assert me.uid == os.getuid() and me.name == pwd.getpwuid(os.getuid()).pw_name
+    assert {os.getgid(), os.getegid(), *os.getgroups()} == me.gids
+    root = access.caller_for_uid(0)
+    assert (root.uid, root.name) == (0, "root") and 0 in root.gids
+    assert access.caller_for_uid(54321) == Caller(54321, None, frozenset())  # no passwd entry
+
+
+def test_check_job_decides_by_uid_then_name_and_names_what_was_refused() -> None:
+    access.check_job(ALICE, ADMINS, "7", 1001, "bob")  # the uid decides, not the name
+    access.check_job(ALICE, ADMINS, "7", None, "alice")  # no uid recorded: the name
+    with pytest.raises(access.AccessDenied) as e:
+        access.check_job(ALICE, ADMINS, "44", None, None)
+    assert str(e.value) == (
+        "job 44 belongs to an unknown user; only root or group ops may read its report"
+    )
+
+
+def _system_config(tmp_path: Path, text: str | bytes) -> str:
+    path = tmp_path / "etc" / "config.toml"
+    path.parent.mkdir(mode=0o755)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    path.chmod(0o644)
+    return str(path)
+
+
+@root_only  # the file and its folders must be root's
+@pytest.mark.parametrize(
+    "text",
+    ['[evidence]\nretention_days = 3\n', 'evidence = "ops"\n', "[evidence]\nadmin_group = 5\n",
+     '[evidence]\nadmin_group = ""\n', ""],
+)  # fmt: skip
+def test_a_system_config_without_an_admin_group_grants_root_only(tmp_path: Path, text: str) -> None:
+    path = _system_config(tmp_path, text)
+    rights = access.rights_from_system_config(path)
+    assert rights == Rights(source=f"{path} (no evidence.admin_group: root only)")
+
+
+@root_only  # the file and its folders must be root's
+def test_the_admin_group_by_name_or_gid(tmp_path: Path) -> None:
+    path = _system_config(tmp_path, '[evidence]\nadmin_group = "root"\n')
+    assert access.rights_from_system_config(path) == Rights("root", 0, path)
+    (tmp_path / "etc" / "config.toml").write_text('[evidence]\nadmin_group = "4321"\n')
+    assert access.rights_from_system_config(path) == Rights("4321", 4321, path)
+    (tmp_path / "etc" / "config.toml").write_text('[evidence]\nadmin_group = "no-such-grp"\n')
+    assert access.rights_from_system_config(path) == Rights("no-such-grp", None, path)
+
+
+@root_only  # the file and its folders must be root's
+def test_a_system_config_that_is_not_toml_or_too_large_grants_nothing(tmp_path: Path) -> None:
+    path = _system_config(tmp_path, "[evidence\nadmin_group = 'ops'\n")
+    rights = access.rights_from_system_config(path)
+    assert rights.admin_gid is None and rights.source.startswith(f"{path} ignored for rights: ")
+    assert "Expected ']'" in rights.source  # tomllib's own reason, not a placeholder
+    big = b"#" * access.MAX_CONFIG_BYTES + b'\n[evidence]\nadmin_group = "root"\n'
+    (tmp_path / "etc" / "config.toml").write_bytes(big)
+    assert access.rights_from_system_config(path) == Rights(
+        source=f"{path} ignored for rights: larger than {access.MAX_CONFIG_BYTES} bytes"
+    )
+    exact = b'[evidence]\nadmin_group = "root"\n'
+    (tmp_path / "etc" / "config.toml").write_bytes(
+        exact + b"#" * (access.MAX_CONFIG_BYTES - len(exact))
+    )
+    assert access.rights_from_system_config(path).admin_gid == 0  # at the cap: read whole
+
+
+@root_only  # the file and its folders must be root's
+def test_a_fifo_as_system_config_is_refused_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir(mode=0o755)
+    fifo = tmp_path / "etc" / "config.toml"
+    os.mkfifo(fifo, 0o644)
+    rights = access.rights_from_system_config(str(fifo))
+    assert rights == Rights(source=f"{fifo} ignored for rights: not a regular file")
+    (tmp_path / "file").write_text("")
+    below_a_file = str(tmp_path / "file" / "config.toml")
+    assert access.rights_from_system_config(below_a_file).source == (
+        f"{below_a_file} ignored for rights: Not a directory"  # the OS's reason, no errno
+    )
+    missing = str(tmp_path / "etc" / "nothing.toml")
+    assert (
+        access.rights_from_system_config(missing).source == f"{missing} (missing: no admin group)"
+    )
+
+
 def test_only_root_names_its_own_system_config() -> None:
     assert access.system_config_path("/home/u/my.toml", 1001) == access.SYSTEM_CONFIG
     assert access.system_config_path(None, 1001) == access.SYSTEM_CONFIG
@@ -61,9 +150,6 @@ def test_only_root_names_its_own_system_config() -> None:
 
 
 # -- the system config ------------------------------------------------------------------------
-
-
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
 
 
 @root_only
@@ -91,6 +177,13 @@ def test_rights_come_only_from_a_file_root_alone_controls(
     rights = access.rights_from_system_config(str(path))
     assert (rights.admin_gid == 4321) is granted, rights.source
     assert granted or str(path) in rights.source
+    why = {
+        "user-owned": f"file owned by uid {pwd.getpwnam(user).pw_uid}, not root",
+        "group-writable": "file writable by group or others (mode 664)",
+        "folder others write": "folder writable by group or others (mode 777)",
+    }
+    if how in why:
+        assert rights.source == f"{path} ignored for rights: {why[how]}"
 
 
 # -- as an unprivileged user ------------------------------------------------------------------
