@@ -47,7 +47,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "access": (["slurmhealth/access.py"], ["tests/unit/test_access.py"]),
     "xid": (
         ["slurmhealth/checks/xid.py", "slurmhealth/checks/xid_table.py"],
-        ["tests/unit/test_xid_table.py", "tests/unit/test_kernel_checks.py"],
+        [
+            "tests/unit/test_xid_table.py",
+            "tests/unit/test_kernel_checks.py",
+            "tests/unit/test_xid_verdicts.py",
+        ],
     ),
     "kernel-position": (
         ["slurmhealth/kernel_log/position.py"],
