@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from slurmhealth.checks import xid_table
+from slurmhealth.checks import CheckContext, catalog, xid_table
 from slurmhealth.checks.xid_table import CATALOG_URL, classify, explain, judge
-from slurmhealth.model import Action, Severity, XidEvent
+from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
+from slurmhealth.model_records import KernelEvent
 
 CATALOG: dict[str, Any] = tomllib.loads(
     resources.files("slurmhealth.checks").joinpath("xid_catalog.toml").read_text()
@@ -167,3 +168,108 @@ def test_explain_xid_63_and_an_unknown_xid() -> None:
     )
     assert unknown["immediate_action_meaning"] is None and unknown["source"] is None
     assert unknown["severity"] == "warn" and unknown["action"] == "record"
+
+
+# -- the xid and kernel_log checks on a node snapshot -------------------------------------------
+BUSES = ("18", "2a")
+
+
+def node(**gpu0: Any) -> NodeSnapshot:
+    gpus = tuple(
+        GpuState(index=i, uuid=f"GPU-{i}", pci_bus_id=f"00000000:{b.upper()}:00.0",
+                 **(gpu0 if i == 0 else {}))
+        for i, b in enumerate(BUSES)
+    )  # fmt: skip
+    odd = GpuState(index=2, uuid="GPU-2", pci_bus_id="not a bus id")  # skipped, not fatal
+    return NodeSnapshot(node="n1", ts=1.0, gpus=(*gpus, odd), device_count=3)
+
+
+def run(name: str, snap: NodeSnapshot, xids: tuple[XidEvent, ...] = (),
+        kernel: tuple[KernelEvent, ...] = ()) -> list[Finding]:  # fmt: skip
+    return catalog()[name].fn(CheckContext(snap, xids=xids, kernel_events=kernel), {})
+
+
+def on(bus: str, xid: int, **driver: Any) -> XidEvent:
+    return XidEvent(xid, f"0000:{bus}:00.0", "m", f"NVRM: Xid (PCI:0000:{bus}:00): {xid}", **driver)
+
+
+@pytest.mark.parametrize(
+    ("gpu0", "severity", "action"),
+    [
+        ({"remap_pending": True}, Severity.FAIL, Action.DRAIN),
+        ({"remap_pending": False, "retired_pages_pending": True}, Severity.INFO, Action.RECORD),
+        ({"retired_pages_pending": True}, Severity.FAIL, Action.DRAIN),  # V100: pages
+        ({"retired_pages_pending": False}, Severity.INFO, Action.RECORD),
+        ({}, Severity.WARN, Action.RECORD),  # unknown: a warning
+    ],
+)
+def test_xid_63_follows_the_gpus_remap_state(
+    gpu0: dict[str, Any], severity: Severity, action: Action
+) -> None:
+    [f] = run("xid", node(**gpu0), (on("18", 63),))
+    assert (f.gpu, f.severity, f.action) == (0, severity, action)
+
+
+def test_xid_63_on_a_bus_no_gpu_has_is_state_unknown() -> None:
+    [f] = run("xid", node(remap_pending=True), (on("c1", 63),))
+    assert (f.gpu, f.severity, f.action) == (None, Severity.WARN, Action.RECORD)
+
+
+def test_an_xid_45_takes_its_cause_from_an_earlier_xid_on_the_same_gpu_only() -> None:
+    xids = (on("2a", 31), on("18", 44), on("18", 45), on("18", 46))
+    found = {(f.evidence["xid"], f.gpu): f for f in run("xid", node(), xids)}
+    assert found[(45, 0)].evidence["caused_by"] == 44  # GPU 1's Xid 31 is not its cause
+    assert "caused by Xid 44" in found[(45, 0)].message
+    lone = {f.evidence["xid"]: f for f in run("xid", node(), (on("18", 45),))}
+    assert lone[45].evidence["caused_by"] is None and "caused by" not in lone[45].message
+    only_45s = run("xid", node(), (on("18", 45), on("18", 45)))
+    assert only_45s[0].evidence["caused_by"] is None and only_45s[0].evidence["count"] == 2
+
+
+def test_the_driver_verdict_shows_in_the_message_only_when_it_asked_for_a_reset() -> None:
+    [uncontained] = run("xid", node(), (on("18", 94, contained=False),))
+    assert uncontained.message.endswith(", uncontained: reset required")
+    [rst] = run("xid", node(), (on("18", 94, reset_required=True),))
+    assert rst.message.endswith(", the driver asks for a reset")
+    [contained] = run("xid", node(), (on("18", 94, contained=True),))
+    assert contained.message == "Xid 94 " + classify(94).name + " on 0000:18:00.0"
+    [catalog_reset] = run("xid", node(), (on("18", 79),))  # the catalog's reset, no driver word
+    assert catalog_reset.message == "Xid 79 " + classify(79).name + " on 0000:18:00.0"
+
+
+def kev(kind: str, bus: str | None = None, **kw: Any) -> KernelEvent:
+    return KernelEvent(kind, "m", f"raw {kind}", pci_bus_id=bus, **kw)
+
+
+def test_kernel_faults_land_on_the_gpu_they_name() -> None:
+    [by_bus] = run("kernel_log", node(), kernel=(kev("gsp_timeout", "0000:2a:00.0"),))
+    assert (by_bus.gpu, by_bus.action) == (1, Action.RESET)
+    [by_number] = run("kernel_log", node(), kernel=(kev("gsp_timeout", gpu_number=1),))
+    assert by_number.gpu == 1 and by_number.message.endswith(" on GPU1")
+    [nowhere] = run("kernel_log", node(), kernel=(kev("init_failed"),))
+    assert nowhere.gpu is None and nowhere.action is Action.RESET
+    sxid = kev("sxid", "0000:18:00.0", level="fatal", code=20034)
+    [switch] = run("kernel_log", node(), kernel=(sxid,))  # an NVSwitch's: the node's
+    assert (switch.gpu, switch.action) == (None, Action.DRAIN)
+    assert switch.message == "fatal NVSwitch error 20034 on 0000:18:00.0"
+
+
+def test_pcie_aer_counts_errors_not_lines_and_judges_only_gpus() -> None:
+    port = kev("pcie_aer", "0000:18:00.0", level="non-fatal")  # the root port's "received"
+    dev = kev("pcie_aer", "0000:18:00.0", level="non-fatal", device="nvidia")
+    [f] = run("kernel_log", node(), kernel=(port, dev, port, dev))
+    assert f.evidence["count"] == 2 and "(x2)" in f.message  # two errors, four lines
+    [f] = run("kernel_log", node(), kernel=(port, port))  # lines without a device: each one
+    assert f.evidence["count"] == 2
+    [gsp] = run("kernel_log", node(), kernel=(kev("gsp_timeout", "0000:18:00.0"),) * 3)
+    assert gsp.evidence["count"] == 3
+    nic = "0000:c1:00.0"  # no GPU there
+    assert run("kernel_log", node(), kernel=(kev("pcie_aer", nic, level="non-fatal"),)) == []
+    [fatal_nic] = run("kernel_log", node(), kernel=(kev("pcie_aer", nic, level="fatal"),))
+    assert (fatal_nic.severity, fatal_nic.action) == (Severity.WARN, Action.RECORD)
+    gpu_by_driver = kev("pcie_aer", nic, level="fatal", device="nvidia")  # NVML missed it
+    [f] = run("kernel_log", node(), kernel=(gpu_by_driver,))
+    assert (f.severity, f.action) == (Severity.CRITICAL, Action.RESET)
+    unnamed = kev("pcie_aer", None, level="fatal", device="nvidia")
+    [f] = run("kernel_log", node(), kernel=(unnamed,))
+    assert (f.severity, f.action) == (Severity.WARN, Action.RECORD)
