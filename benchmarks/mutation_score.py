@@ -57,9 +57,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["slurmhealth/kernel_log/position.py"],
         ["tests/unit/test_kernel_position.py"],
     ),
-    "drain-resume": (
-        ["slurmhealth/hooks/drain.py", "slurmhealth/hooks/resume.py"],
-        ["tests/unit/test_hooks_decisions.py", "tests/unit/test_hooks_pure.py"],
+    "drain": (
+        ["slurmhealth/hooks/drain.py"],
+        [f"tests/unit/test_{t}.py" for t in ("drain_outcomes", "hooks_decisions", "hooks_pure")],
+    ),
+    "resume": (
+        ["slurmhealth/hooks/resume.py"],
+        [f"tests/unit/test_{t}.py" for t in ("hooks_decisions", "hooks_pure", "healthcheck")],
     ),
     "optout": (["slurmhealth/model_records.py"], ["tests/unit/test_optout.py"]),
     "checks": (
