@@ -101,6 +101,16 @@ def test_the_circuit_breaker_counts_only_nodes_slurmhealth_drained() -> None:
     assert slurm.drains == [] and not got.keeps_job_off
     slurm.table["n1"] = NodeInfo("n1", "idle")  # n2 (an admin's) and n3 (idle) do not count
     assert drain_node(cfg(share=0.1), slurm, "n5", [NVLINK]) == DrainOutcome("drained", REASON)
+    two = RecordingSlurm([ours("n1", 2.0), ours("n2", 1.0), *idle("n3", "n4", "n5")])
+    assert drain_node(cfg(share=0.4), two, "n3", [NVLINK]).detail == (
+        "circuit breaker: 2 of 5 nodes already drained by slurmhealth (limit 2: n2, n1)"
+    )
+
+
+def test_a_node_missing_from_slurms_list_is_drained_all_the_same() -> None:
+    slurm = RecordingSlurm(idle("n1", "n2"))  # e.g. the node list of another cluster view
+    assert drain_node(cfg(), slurm, "n9", [NVLINK]) == DrainOutcome("drained", REASON)
+    assert slurm.drains == [("n9", REASON)]
 
 
 def test_the_limit_is_the_share_of_nodes_rounded_down_and_never_zero() -> None:
@@ -139,11 +149,17 @@ def test_of_two_racing_drains_over_the_limit_the_later_undoes_itself() -> None:
     assert slurm.table["n1"].state == "idle" and not got.keeps_job_off
 
 
-def test_an_undo_slurm_refuses_leaves_the_node_drained_and_says_so() -> None:
+def test_an_undo_slurm_refuses_leaves_the_node_drained_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     slurm = RaceSlurm(idle("n1", "n2", "n3", "n4"), rival="n2", fail=("resume",))
-    got = drain_node(cfg(share=0.25), slurm, "n1", [NVLINK])
+    with caplog.at_level("ERROR", logger="slurmhealth.drain"):
+        got = drain_node(cfg(share=0.25), slurm, "n1", [NVLINK])
     assert got == DrainOutcome("drained", REASON, "over the limit but could not undo")
     assert got.keeps_job_off
+    assert caplog.messages == [
+        f"n1: could not undo a drain over the circuit-breaker limit: resume: {CTLD_DOWN}"
+    ]
 
 
 def test_within_the_limit_a_racing_drain_stays() -> None:
