@@ -41,11 +41,19 @@ def verdict(xid: int, **driver: Any) -> tuple[Severity, Action, str]:
 def test_xid_63_drains_only_while_a_row_remap_is_pending() -> None:
     pending, done, unknown = classify(63, True), classify(63, False), classify(63, None)
     assert (pending.severity, pending.action) == (Severity.FAIL, Action.DRAIN)
-    assert pending.hint.startswith("row remap pending: drain and reset the GPU (nvidia-smi -r)")
+    assert pending.hint == (
+        "row remap pending: drain and reset the GPU (nvidia-smi -r) to activate it "
+        "(nvidia-smi -q -d ROW_REMAPPER)"
+    )
     assert (done.severity, done.action) == (Severity.INFO, Action.RECORD)
-    assert done.hint.startswith("row remap/page retirement recorded, nothing pending")
+    assert done.hint == (
+        "row remap/page retirement recorded, nothing pending: watch the trend "
+        "(nvidia-smi -q -d ROW_REMAPPER)"
+    )
     assert (unknown.severity, unknown.action) == (Severity.WARN, Action.RECORD)
-    assert unknown.hint.startswith("row remap state unknown: check nvidia-smi -q -d ROW_REMAPPER")
+    assert unknown.hint == (
+        "row remap state unknown: check nvidia-smi -q -d ROW_REMAPPER for a pending remap"
+    )
     for info in (pending, done, unknown):  # the catalog's row, with the state's verdict
         assert (info.xid, info.mnemonic) == (63, "INFOROM_DRAM_RETIREMENT_EVENT")
     assert judge(event(63), remap_pending=True).action is Action.DRAIN  # judge passes it on
