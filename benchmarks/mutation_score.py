@@ -55,7 +55,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "kernel-position": (
         ["slurmhealth/kernel_log/position.py"],
-        ["tests/unit/test_kernel_position.py"],
+        ["tests/unit/test_kernel_position.py", "tests/unit/test_kernel_position_rules.py"],
     ),
     "drain": (
         ["slurmhealth/hooks/drain.py"],
