@@ -71,13 +71,17 @@ def test_the_hooks_prune_logs_what_it_did_once(
                                                  "history.prune_max_rows": 1000})  # fmt: skip
     with History(db) as h:
         _rows(h, time.time() - 3 * DAY)
+        _rows(h, time.time() - 3000 * DAY)  # records older than the 5 years kept
         with caplog.at_level(logging.INFO, logger="slurmhealth.history"):
             result = prune_quietly(h, cfg)
-            assert result is not None and result.deleted == {"samples": 3}
+            assert result is not None
+            assert result.deleted == {"samples": 6, "sample_rollups": 1, "events": 3}
             assert prune_quietly(h, cfg) is not None  # nothing left: nothing logged
     [line] = caplog.messages
     assert re.fullmatch(
-        rf"history {re.escape(str(db))}: pruned 3 rows in \d+\.\d\d s \(samples 3\)", line
+        rf"history {re.escape(str(db))}: pruned 10 rows in \d+\.\d\d s "
+        r"\(samples 6, sample_rollups 1, events 3\)",
+        line,
     )
 
 
