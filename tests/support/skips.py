@@ -8,7 +8,9 @@ everywhere through ``optional_extra``, which names the extra in the skip reason.
 
 from __future__ import annotations
 
+import importlib
 import os
+from types import ModuleType
 from typing import NoReturn
 
 import pytest
@@ -32,3 +34,14 @@ def optional_extra(extra: str, reason: str) -> NoReturn:
     if extra not in OPTIONAL_EXTRAS:
         raise AssertionError(f"{extra!r} is not a documented optional extra")
     pytest.skip(f"optional extra {extra} unavailable: {reason}")
+
+
+def require_module(name: str, reason: str) -> ModuleType:
+    """``pytest.importorskip`` that fails under CI: for a whole test module that needs an
+    extra the suite installs (``scripts/test`` installs the training frameworks)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        if in_ci():
+            pytest.fail(f"CI is set but {name} cannot be imported: {reason}", pytrace=False)
+        pytest.skip(reason, allow_module_level=True)
