@@ -26,6 +26,7 @@ from slurmhealth.config import DEFAULT_CONFIG_PATH
 from slurmhealth.errors import UsageError
 
 SYSTEM_CONFIG = DEFAULT_CONFIG_PATH  # the only file a non-root caller's rights come from
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
 
 class AccessDenied(UsageError):
@@ -150,9 +151,11 @@ def _read_trusted(path: str) -> bytes:
             folder = os.path.dirname(folder)
             why = _why_untrusted(os.stat(folder), "folder")
         why = why or _why_untrusted(st, "file")
+        if not why and st.st_size > MAX_CONFIG_BYTES:
+            why = f"larger than {MAX_CONFIG_BYTES} bytes"  # never judge half a file
         if why:
             raise ValueError(why)
-        return os.read(fd, 4 * 1024 * 1024)
+        return os.read(fd, MAX_CONFIG_BYTES)
     finally:
         os.close(fd)
 

@@ -19,6 +19,7 @@ from slurmhealth.model import (
 )
 
 if TYPE_CHECKING:
+    from slurmhealth.checks.xid_table import XidInfo
     from slurmhealth.model_records import KernelEvent  # built only where a fault was read
 
 
@@ -50,6 +51,7 @@ def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
         cause = _cause(first, ctx.xids) if code == 45 else None
         because = f", caused by Xid {cause}" if cause is not None else ""
         where = f" {first.gpu_instance}" if first.gpu_instance else ""
+        because += _driver_said(info, members)
         out.append(
             finding(
                 "xid",
@@ -94,6 +96,16 @@ def _decoded(event: XidEvent, driver: str | None) -> dict[str, object]:
 
     found = decode(event.xid, event.raw, driver)
     return {} if found is None else {"nvlink5": describe(found)}
+
+
+def _driver_said(info: XidInfo, members: Sequence[XidEvent]) -> str:
+    """The driver's own verdict when it overrode the catalog with a reset: the catalog's
+    name alone (Xid 94 "Contained error") would contradict a line that says Uncontained."""
+    if info.basis != "driver" or info.action is not Action.RESET:
+        return ""
+    if any(e.contained is False for e in members):
+        return ", uncontained: reset required"
+    return ", the driver asks for a reset"
 
 
 def _pending(gpu: GpuState | None) -> bool | None:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.skips import unavailable
+
 REPO = Path(__file__).resolve().parent.parent.parent
 CLUSTER_SCRIPT = REPO / "scripts" / "cluster"
 SCENARIOS = REPO / "scenarios"
@@ -54,15 +56,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slurm)
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
 def _unavailable(reason: str) -> None:
     """Skip locally, fail in CI (where the cluster must work)."""
-    if _in_ci():
-        pytest.fail(f"CI is set but the Slurm cluster is unavailable: {reason}")
-    pytest.skip(reason)
+    unavailable(f"the Slurm cluster is unavailable: {reason}")
 
 
 def _run(

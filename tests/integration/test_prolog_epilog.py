@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import Cluster
+from tests.support.skips import optional_extra
 
 NVLINK_DOWN_ON_N2 = """
 name = "n2-nvlink-down"
@@ -257,10 +258,18 @@ def test_pyslurm_backend_matches_the_cli_backend(healthy: Cluster) -> None:
 
     why = slurm_pyslurm.unavailable()
     if why is not None:
-        pytest.skip(f"pyslurm backend unavailable here: {why}")
-    via_cli = {n.name: n.state for n in SlurmCli().nodes()}
-    via_pyslurm = {n.name: n.state for n in slurm_pyslurm.PySlurmBackend().nodes()}
-    assert via_pyslurm.keys() == via_cli.keys()
+        optional_extra("pyslurm", why)
+    cli = SlurmCli()
+    cli.drain("n3", "slurmhealth: pyslurm comparison")
+    try:
+        via_cli = {n.name: (n.state, n.drained, n.reason) for n in cli.nodes()}
+        via_pyslurm = {
+            n.name: (n.state, n.drained, n.reason) for n in slurm_pyslurm.PySlurmBackend().nodes()
+        }
+    finally:
+        healthy.resume_all()
+    assert via_pyslurm == via_cli
+    assert via_cli["n3"][1:] == (True, "slurmhealth: pyslurm comparison")
 
 
 def test_cli_backend_reads_the_cluster(healthy: Cluster) -> None:

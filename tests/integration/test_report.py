@@ -12,9 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.integration.conftest import Cluster
+from tests.support.skips import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 GPU5_OFF_THE_BUS_ON_N2 = """
@@ -64,7 +63,7 @@ def _as_user(
 
 def _needs_user_python() -> None:
     if not Path("/usr/bin/python3").exists():
-        pytest.skip("no /usr/bin/python3 to run slurmhealth as an ordinary user")
+        unavailable("no /usr/bin/python3 to run slurmhealth as an ordinary user")
 
 
 def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
@@ -109,9 +108,7 @@ def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
     shutil.copy("/tmp/shuser-report.html", html)
     chromium = shutil.which("chromium")
     if chromium is None:
-        if os.environ.get("CI"):
-            pytest.fail("chromium is missing in CI")
-        pytest.skip("Debian's chromium is not installed")
+        unavailable("Debian's chromium is not installed")
     dom = subprocess.run(
         [
             chromium,

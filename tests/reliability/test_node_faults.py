@@ -10,8 +10,6 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 
-import pytest
-
 from tests.integration.conftest import Cluster
 from tests.reliability.support import (
     MARK,
@@ -22,6 +20,7 @@ from tests.reliability.support import (
     rows,
     wait_log,
 )
+from tests.support.skips import unavailable
 
 PROLOG_RUN = "select phase, status from check_runs where job_id = ? and phase = 'prolog'"
 
@@ -46,7 +45,7 @@ def _mount_tmpfs(target: str, size: str) -> None:
         check=False,
     )
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip()}): no full-disk test")
+        unavailable(f"cannot mount a tmpfs here ({proc.stderr.strip()}): no full-disk test")
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from slurmhealth.history import Batch, History
 
 REPO = Path(__file__).resolve().parents[2]
 ADMINS = Rights("ops", 500, "/etc/slurmhealth/config.toml")
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
 ALICE = Caller(1001, "alice", frozenset({1001}))
 OPS_BOB = Caller(1002, "bob", frozenset({1002, 500}))
 
@@ -40,6 +41,9 @@ def test_owner_root_and_admin_group_read_a_job_nobody_else() -> None:
     assert access.may_read_job(OPS_BOB, ADMINS, 1001, "alice")  # the admin group
     assert not access.may_read_job(OPS_BOB, Rights(), 1001, "alice")  # no admin group
     assert access.may_read_job(Caller(0, "root", frozenset()), Rights(), None, None)
+    nameless = Caller(54321, None, frozenset({54321}))  # a uid without a passwd entry
+    assert not access.may_read_job(nameless, ADMINS, None, None)  # unknown owner: admins only
+    assert not access.may_read_job(nameless, ADMINS, None, "")
 
 
 def test_refusals_name_who_may_and_exit_4() -> None:
@@ -51,6 +55,94 @@ def test_refusals_name_who_may_and_exit_4() -> None:
         access.require_admin(OPS_BOB, Rights(), "list every job's runs")
 
 
+def test_callers_come_from_the_kernel_and_the_user_database() -> None:
+    me = access.current_caller()
+    assert me.uid == os.getuid() and me.name == pwd.getpwuid(os.getuid()).pw_name
+    assert {os.getgid(), os.getegid(), *os.getgroups()} == me.gids
+    root = access.caller_for_uid(0)
+    assert (root.uid, root.name) == (0, "root") and 0 in root.gids
+    assert access.caller_for_uid(54321) == Caller(54321, None, frozenset())  # no passwd entry
+
+
+def test_check_job_decides_by_uid_then_name_and_names_what_was_refused() -> None:
+    access.check_job(ALICE, ADMINS, "7", 1001, "bob")  # the uid decides, not the name
+    access.check_job(ALICE, ADMINS, "7", None, "alice")  # no uid recorded: the name
+    with pytest.raises(access.AccessDenied) as e:
+        access.check_job(ALICE, ADMINS, "44", None, None)
+    assert str(e.value) == (
+        "job 44 belongs to an unknown user; only root or group ops may read its report"
+    )
+
+
+def _system_config(tmp_path: Path, text: str | bytes) -> str:
+    path = tmp_path / "etc" / "config.toml"
+    path.parent.mkdir(mode=0o755)
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    path.chmod(0o644)
+    return str(path)
+
+
+@root_only  # the file and its folders must be root's
+@pytest.mark.parametrize(
+    "text",
+    ['[evidence]\nretention_days = 3\n', 'evidence = "ops"\n', "[evidence]\nadmin_group = 5\n",
+     '[evidence]\nadmin_group = ""\n', ""],
+)  # fmt: skip
+def test_a_system_config_without_an_admin_group_grants_root_only(tmp_path: Path, text: str) -> None:
+    path = _system_config(tmp_path, text)
+    rights = access.rights_from_system_config(path)
+    assert rights == Rights(source=f"{path} (no evidence.admin_group: root only)")
+
+
+@root_only  # the file and its folders must be root's
+def test_the_admin_group_by_name_or_gid(tmp_path: Path) -> None:
+    path = _system_config(tmp_path, '[evidence]\nadmin_group = "root"\n')
+    assert access.rights_from_system_config(path) == Rights("root", 0, path)
+    (tmp_path / "etc" / "config.toml").write_text('[evidence]\nadmin_group = "4321"\n')
+    assert access.rights_from_system_config(path) == Rights("4321", 4321, path)
+    (tmp_path / "etc" / "config.toml").write_text('[evidence]\nadmin_group = "no-such-grp"\n')
+    assert access.rights_from_system_config(path) == Rights("no-such-grp", None, path)
+
+
+@root_only  # the file and its folders must be root's
+def test_a_system_config_that_is_not_toml_or_too_large_grants_nothing(tmp_path: Path) -> None:
+    path = _system_config(tmp_path, "[evidence\nadmin_group = 'ops'\n")
+    rights = access.rights_from_system_config(path)
+    assert rights.admin_gid is None and rights.source.startswith(f"{path} ignored for rights: ")
+    assert "Expected ']'" in rights.source  # tomllib's own reason, not a placeholder
+    big = b"#" * access.MAX_CONFIG_BYTES + b'\n[evidence]\nadmin_group = "root"\n'
+    (tmp_path / "etc" / "config.toml").write_bytes(big)
+    assert access.rights_from_system_config(path) == Rights(
+        source=f"{path} ignored for rights: larger than {access.MAX_CONFIG_BYTES} bytes"
+    )
+    exact = b'[evidence]\nadmin_group = "root"\n'
+    (tmp_path / "etc" / "config.toml").write_bytes(
+        exact + b"#" * (access.MAX_CONFIG_BYTES - len(exact))
+    )
+    assert access.rights_from_system_config(path).admin_gid == 0  # at the cap: read whole
+
+
+@root_only  # the file and its folders must be root's
+def test_a_fifo_as_system_config_is_refused_without_blocking(tmp_path: Path) -> None:
+    (tmp_path / "etc").mkdir(mode=0o755)
+    fifo = tmp_path / "etc" / "config.toml"
+    os.mkfifo(fifo, 0o644)
+    rights = access.rights_from_system_config(str(fifo))
+    assert rights == Rights(source=f"{fifo} ignored for rights: not a regular file")
+    (tmp_path / "file").write_text("")
+    below_a_file = str(tmp_path / "file" / "config.toml")
+    assert access.rights_from_system_config(below_a_file).source == (
+        f"{below_a_file} ignored for rights: Not a directory"  # the OS's reason, no errno
+    )
+    missing = str(tmp_path / "etc" / "nothing.toml")
+    assert (
+        access.rights_from_system_config(missing).source == f"{missing} (missing: no admin group)"
+    )
+
+
 def test_only_root_names_its_own_system_config() -> None:
     assert access.system_config_path("/home/u/my.toml", 1001) == access.SYSTEM_CONFIG
     assert access.system_config_path(None, 1001) == access.SYSTEM_CONFIG
@@ -58,9 +150,6 @@ def test_only_root_names_its_own_system_config() -> None:
 
 
 # -- the system config ------------------------------------------------------------------------
-
-
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
 
 
 @root_only
@@ -88,6 +177,13 @@ def test_rights_come_only_from_a_file_root_alone_controls(
     rights = access.rights_from_system_config(str(path))
     assert (rights.admin_gid == 4321) is granted, rights.source
     assert granted or str(path) in rights.source
+    why = {
+        "user-owned": f"file owned by uid {pwd.getpwnam(user).pw_uid}, not root",
+        "group-writable": "file writable by group or others (mode 664)",
+        "folder others write": "folder writable by group or others (mode 777)",
+    }
+    if how in why:
+        assert rights.source == f"{path} ignored for rights: {why[how]}"
 
 
 # -- as an unprivileged user ------------------------------------------------------------------
@@ -143,9 +239,12 @@ def _open_db_like_an_old_install(top: Path) -> None:
         path.chmod(0o644)
 
 
-def _run(top: Path, user: str | None, *args: str, group: str | None = None) -> tuple[int, str, str]:
-    """The real command line as ``user`` (root when None); the launcher only points the
-    system config at ``top/system.toml``, as a package built for that path would."""
+def _run(
+    top: Path, user: str | None, *args: str, group: str | None = None, uid: int | None = None
+) -> tuple[int, str, str]:
+    """The real command line as ``user`` (root when None; or as a bare ``uid`` that has no
+    passwd entry); the launcher only points the system config at ``top/system.toml``, as a
+    package built for that path would."""
     site_packages = next((REPO / ".venv" / "lib").glob("python3*/site-packages"))
     launcher = ("import sys, slurmhealth.access as a; a.SYSTEM_CONFIG = sys.argv[1]; "
                 "from slurmhealth.cli import main; main(sys.argv[2:])")  # fmt: skip
@@ -154,6 +253,8 @@ def _run(top: Path, user: str | None, *args: str, group: str | None = None) -> t
            "/usr/bin/python3", "-c", launcher, str(top / "system.toml"), *args]  # fmt: skip
     if user:
         cmd = ["runuser", "-u", user, *(["-G", group] if group else []), "--", *cmd]
+    elif uid is not None:
+        cmd = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *cmd]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd="/")
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -219,3 +320,22 @@ def test_root_and_the_admin_group_read_any_job(site: Path, user: str, admin_grou
         args = ["42"] if command == "report" else ["--job", "42"]
         rc, out, err = _run(site, who, command, *args, "--json", group=group)
         assert rc == 0 and '"job_id": "42"' in out, err
+
+
+@root_only
+@needs_user_python
+def test_a_caller_without_a_user_name_cannot_read_a_job_whose_owner_is_unknown(
+    site: Path,
+) -> None:
+    """A uid with no passwd entry has no name; a job recorded without an owner has none
+    either: the two must not match (only admins read a job whose owner is unknown)."""
+    with History(site / "lib" / "history" / "history.db") as h:
+        run = {"run_id": "p44", "ts": 1.7e9, "node": "n1", "job_id": "44", "phase": "prolog",
+               "status": "ok", "gpus": [0]}  # fmt: skip
+        job = {"job_id": "44", "node": "n1", "start_ts": 1.7e9}  # no user, no uid
+        assert h.write(Batch(inserts=[("check_runs", run)], upserts=[("jobs", job, "job_id")]))
+    _open_db_like_an_old_install(site)
+    rc, out, err = _run(site, None, "report", "44", "--json")
+    assert rc == 0 and '"44"' in out, err  # root reads it: the job is there
+    _refused(_run(site, None, "report", "44", uid=54321), "job 44 belongs to an unknown user")
+    _refused(_run(site, None, "history", "--job", "44", uid=54321), "an unknown user")

@@ -64,6 +64,8 @@ def sh(sim_env: Callable[..., dict[str, str]]) -> Callable[..., Ran]:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except Exception:  # --debug: main lets it through; Python prints it and exits 1
+                if "--debug" not in args:
+                    raise  # without --debug, main turns every error into its exit code
                 sys.stderr.write(traceback.format_exc())
                 code = 1
             sys.stdout.flush()  # what print_json wrote without click.echo's flush

@@ -29,6 +29,7 @@ from slurmhealth.evidence.sources import find_py_spy
 from slurmhealth.evidence.summary import write_summary
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import job_node_rows
+from tests.support.skips import unavailable
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 JOB, NODE, UID = "77", "n1", 4242
@@ -226,8 +227,8 @@ def test_capture_writes_every_source_and_a_matching_manifest(
 def test_stacks_hold_a_py_spy_dump_of_each_pid(
     make_cfg: Callable[..., Config], python_proc: subprocess.Popen[bytes]
 ) -> None:
-    if find_py_spy("py-spy") is None and not os.environ.get("CI"):
-        pytest.skip("py-spy is not installed (pip install py-spy)")
+    if find_py_spy("py-spy") is None:
+        unavailable("py-spy is not installed (pip install py-spy)")
     result = capture(make_cfg(), JOB, NODE, reason="test", pids=[python_proc.pid], budget_s=10)
     entry = next(f for f in result.files if f["name"] == "stacks.txt")
     assert entry["error"] is None and not entry["truncated"], entry

@@ -14,7 +14,6 @@ import tomllib
 from pathlib import Path
 
 import click
-import pytest
 from click.testing import CliRunner
 
 from slurmhealth.cli import cli
@@ -23,6 +22,7 @@ from slurmhealth.cli.manpage import render
 from slurmhealth.cli.options import Ctx
 from slurmhealth.config import load_config
 from slurmhealth.errors import UsageError
+from tests.support.skips import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 PKG = REPO / "slurmhealth"
@@ -111,7 +111,7 @@ def test_man_page_has_every_command_and_is_valid_groff(tmp_path: Path) -> None:
     assert ".SS slurmhealth baseline ingest\n" in page
     assert "\\-\\-json" in page and "Exit codes:" in page
     if shutil.which("groff") is None:
-        pytest.skip("groff not installed")
+        unavailable("groff is not installed (apt-get install groff-base)")
     out = subprocess.run(["groff", "-man", "-Tutf8", "-ww", "-z"], input=page, text=True,
                          capture_output=True, check=False)  # fmt: skip
     assert out.returncode == 0 and out.stderr == "", out.stderr
@@ -143,7 +143,7 @@ def test_packaged_config_shows_the_real_defaults() -> None:
 
 def test_systemd_accepts_the_unit_and_the_tmpfiles_entry(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze") is None or shutil.which("systemd-tmpfiles") is None:
-        pytest.skip("systemd's tools are not installed")
+        unavailable("systemd's tools are not installed (apt-get install systemd)")
     assert run("--prefix", str(tmp_path)).exit_code == 0
     unit = tmp_path / LAYOUT["unit"].lstrip("/")
     out = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,

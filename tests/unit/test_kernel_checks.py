@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from slurmhealth.checks import CheckContext, catalog
 from slurmhealth.hooks.check import CheckResult
 from slurmhealth.kernel_log import KernelLogReader, format_kmsg_record
 from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity
+from tests.conftest import run_cli
 
 BOOT = 1_700_000_000.0
 RESET = Action.RESET
@@ -262,3 +264,35 @@ def test_first_read_skips_old_kernel_events(tmp_path: Path) -> None:
     assert [e.seq for e in res.kernel_events] == [2]
     rebuilt = KernelLogReader(str(log), boot_time=BOOT).read_new(None, NOW)
     assert (rebuilt.kernel_events, [e.seq for e in rebuilt.old_kernel_events]) == ((), [2])
+
+
+# the driver's verdict alone: uncontained, yet neither RST nor D-RST asked for
+UNCONTAINED_NO_RST = (
+    "NVRM: Xid (PCI:0000:b3:00): 94, pid='<unknown>', name=<unknown>, "
+    "Uncontained: SM (0x1). RST: No, D-RST: No"
+)
+
+
+def test_uncontained_xid_94_without_rst_still_drains_and_resets(tmp_path: Path) -> None:
+    [f] = judge([UNCONTAINED_NO_RST], tmp_path)
+    assert (f.gpu, f.severity, f.action) == (6, Severity.FAIL, Action.RESET)
+    assert f.evidence["basis"] == "driver" and "uncontained: reset required" in f.message
+    assert exit_code([f]) == 1
+
+
+def test_check_exits_1_when_the_kernel_log_gains_an_uncontained_xid(
+    sim_env: Callable[..., dict[str, str]], tmp_path: Path
+) -> None:
+    """`slurmhealth check` on a node whose kernel log gains the line: exit 1, a reset."""
+    log = tmp_path / "kmsg.log"
+    log.touch()
+    env = sim_env("healthy", SLURMHEALTH_KERNEL_LOG=str(log))
+    assert run_cli("check", env=env).returncode == 0  # the position now lies at the end
+    uptime_usec = int(float(Path("/proc/uptime").read_text().split()[0]) * 1e6)
+    line = UNCONTAINED_NO_RST.replace("0000:b3:00", "0000:18:00")  # the scenario's GPU 0
+    log.write_text(format_kmsg_record(1, uptime_usec, line) + "\n")
+    proc = run_cli("check", "--json", env=env)
+    assert proc.returncode == 1, proc.stderr
+    [xid] = [f for f in json.loads(proc.stdout)["findings"] if f["check"] == "xid"]
+    assert (xid["gpu"], xid["severity"], xid["action"]) == (0, "fail", "reset")
+    assert "Xid 94" in xid["message"] and "uncontained" in xid["message"]

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from slurmhealth import job
+from tests.support.skips import require_module
 
-torch = pytest.importorskip("torch", reason="PyTorch not installed (pip install '.[train]')")
+torch = require_module("torch", "PyTorch not installed (pip install '.[train]')")
 
 
 @pytest.fixture

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch not installed (pip install '.[train]')")
-dist = pytest.importorskip("torch.distributed")
+from tests.support.skips import require_module
+
+torch = require_module("torch", "PyTorch not installed (pip install '.[train]')")
+dist = require_module("torch.distributed", "this PyTorch build has no torch.distributed")
 
 from slurmhealth.checks.rank_straggler import rank_stragglers  # noqa: E402
 from slurmhealth.sidecar.task import StepRecord, parse_line  # noqa: E402
