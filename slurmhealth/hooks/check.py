@@ -7,7 +7,6 @@ cannot be written the records go to the spool, and the result is the same.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
@@ -15,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from slurmhealth.hooks.inventory import INVENTORY_KEY, updated_inventory, with_known_identity
 from slurmhealth.model import Finding, GpuStatus, NodeSnapshot, Severity
 
 if TYPE_CHECKING:
@@ -28,8 +28,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("slurmhealth.check")
 
 COUNTERS_KEY = "nvlink_counters"  # every error counter since history format 2
-INVENTORY_KEY = "gpu_inventory"
-_IDENTITY = ("uuid", "pci_bus_id", "serial", "name")
 CURSOR_KEY = "kernel_log_cursor"
 STATE_WAIT_S = 0.5  # the stored state is read before the decision: a short wait at most
 
@@ -92,34 +90,6 @@ class CheckResult(NamedTuple):  # a tuple: cheaper to define than a frozen datac
         }
 
 
-def _inventory(previous: Any, snapshot: NodeSnapshot) -> dict[str, dict[str, Any]]:
-    """Last known identity of each GPU index (UUID, bus id, serial), updated from readable
-    GPUs, so a GPU that is lost or hung can still be named for the RMA ticket."""
-    inv = dict(previous) if isinstance(previous, dict) else {}
-    for g in snapshot.gpus:
-        if g.readable and g.uuid:
-            inv[str(g.index)] = {k: getattr(g, k) for k in _IDENTITY}
-    return inv
-
-
-def _with_known_identity(snapshot: NodeSnapshot, inventory: Any) -> NodeSnapshot:
-    if not isinstance(inventory, dict):
-        return snapshot
-    gpus = []
-    for g in snapshot.gpus:
-        known = inventory.get(str(g.index))
-        if not g.readable and g.uuid is None and isinstance(known, dict):
-            g = dataclasses.replace(
-                g,
-                uuid=known.get("uuid"),
-                pci_bus_id=known.get("pci_bus_id"),
-                serial=known.get("serial"),
-                name=known.get("name"),
-            )
-        gpus.append(g)
-    return dataclasses.replace(snapshot, gpus=tuple(gpus))
-
-
 def run_check(
     cfg: Config,
     *,
@@ -174,7 +144,7 @@ def take_snapshot(
     backend: GpuBackend, gpus: Sequence[int] | None, stored: dict[str, Any]
 ) -> NodeSnapshot:
     """The GPUs' state now; a GPU that cannot be read keeps its last known identity."""
-    return _with_known_identity(backend.snapshot(gpus), stored.get(INVENTORY_KEY))
+    return with_known_identity(backend.snapshot(gpus), stored.get(INVENTORY_KEY))
 
 
 def read_kernel_log(
@@ -280,7 +250,7 @@ def judge(
             )
         ),
         CURSOR_KEY: read.cursor,
-        INVENTORY_KEY: _inventory(stored.get(INVENTORY_KEY), snapshot),
+        INVENTORY_KEY: updated_inventory(stored.get(INVENTORY_KEY), snapshot),
     }
     if source == "none":
         del state[CURSOR_KEY]  # no kernel log: no position is kept
@@ -355,7 +325,7 @@ def check_within(
     budget.enter("gpu snapshot")
     budget.require(DECISION_RESERVE_S)
     snapshot, hint = _snapshot_within(cfg, open_gpu, job, phase, budget)
-    snapshot = _with_known_identity(snapshot, stored.get(INVENTORY_KEY))
+    snapshot = with_known_identity(snapshot, stored.get(INVENTORY_KEY))
     budget.enter("kernel log")
     budget.require(DECISION_RESERVE_S)
     log_read = read_kernel_log(
