@@ -18,17 +18,17 @@ per-GPU stats the epilog publishes after each job (``final_series``, served for
 Time is compressed by ``--compress`` C (default 30) so that a run of minutes stands for
 hours: the real fleet is scraped every 60 s, the run every 60/C s (2 s); a job lasts 60/C s
 (one scrape: a one-minute job at a 60 s scrape has one sample) or 86,400/C s; the stats
-linger 300/C s; and Prometheus cuts its head into blocks of 2 h / C (``--storage.tsdb.min-
-block- duration``, 4 min), so a series stays in the head as many scrapes after its last
-sample as it would in real time (2-3 h); the queries' look-back (5 min) is 5 min / C too.
-The head then holds as many series as the real fleet's would (the same jobs per block), and
-the same samples per series: head series, RSS and Go heap read as they are;
-``prometheus_tsdb_head_series_created_total`` grows C times faster than in real time, so its
-rate per run second x 3600 / C is the real fleet's per hour. What compression does not keep:
-samples per second are C times the real rate (CPU, not memory), and queries over fixed spans
-(the report's 120 s slack, 15 min edges) cover C times more jobs' time.
+linger 300/C s; and Prometheus cuts its head into blocks of 2 h / C
+(``--storage.tsdb.min-block-duration``, 4 min), so a series stays in the head as many
+scrapes after its last sample as it would in real time (2-3 h); the queries' look-back (5
+min) is 5 min / C too. The head then holds as many series as the real fleet's would (the
+same jobs per block), and the same samples per series: head series, RSS and Go heap read as
+they are; ``prometheus_tsdb_head_series_created_total`` grows C times faster than in real
+time, so its rate per run second x 3600 / C is the real fleet's per hour. What compression
+does not keep: samples per second are C times the real rate (CPU, not memory), and queries
+over fixed spans (the report's 120 s slack, 15 min edges) cover C times more jobs' time.
 
-The head is read once a compressed "hour" (120 s) and the run lasts ``--minutes`` (10.5:
+The head is read every 10 s (5 real minutes) and the run lasts ``--minutes`` (10.5:
 past the head's second cut at 6 and 10 min); reported: the median and the largest head
 series after the first cut, series created per real hour over the second half, the largest
 RSS and Go heap in use, and medians of 5 of each query below, all extrapolated to 1,000

@@ -358,7 +358,7 @@ def _static_server(body: bytes) -> ThreadingHTTPServer:
     return server
 
 
-def dcgm_mode_jobs() -> CollectorRegistry:
+def dcgm_mode_jobs(job_labels: str = "series") -> CollectorRegistry:
     """slurmhealth in metrics.mode = "dcgm" on two nodes: job 4242 on gpu-a01 GPUs 0-3 and
     gpu-a02 GPUs 0-7, job 4243 on gpu-a01 GPUs 4-7 (as the fixture's hpc_job labels say)."""
     snap = FULL.snapshot
@@ -371,7 +371,9 @@ def dcgm_mode_jobs() -> CollectorRegistry:
         st = dataclasses.replace(
             FULL, labels=labels, snapshot=dataclasses.replace(snap, node=node, gpus=picked)
         )
-        registry.register(SidecarCollector(lambda st=st: st, mode="dcgm"))  # type: ignore[misc]
+        registry.register(
+            SidecarCollector(lambda st=st: st, mode="dcgm", job_labels=job_labels)  # type: ignore[misc]
+        )
     return registry
 
 
