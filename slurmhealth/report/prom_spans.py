@@ -216,6 +216,7 @@ class Window:
     span: str  # the range of the whole window, e.g. "605040s"
     stride: int  # seconds per plot point (whole rollup buckets)
     job: str = ""
+    job_id: str = ""
     spans: tuple[Span, ...] = ()
 
     def m(self, series: str, extra: str = "") -> str:

@@ -163,7 +163,7 @@ class PromSource:
             expr = f"{{__name__=~{names},{w.sel}}}[{span}]"
             got = self.client.gather({"n": partial(self.client.query_samples, expr, at)},
                                      deadline)["n"]  # fmt: skip
-            picked = prom_spans.final_of(w.job.split('"')[1], prom_spans.clip_keys(
+            picked = prom_spans.final_of(w.job_id, prom_spans.clip_keys(
                 got, {s.node: s for s in w.spans}))  # fmt: skip
             return final_stats(
                 [(lab, v) for lab, v in picked if lab.get("__name__") == final_series.STAT],
@@ -379,4 +379,4 @@ def _window(job_id: str, start: float, end: float, points: int) -> Window:
     stride = BUCKET_S * math.ceil(buckets / max(1, points or MAX_SERIES))
     span = f"{math.ceil(end - start + 2 * SLACK_S)}s"
     sel = f"job_id={_quote(job_id)}"
-    return Window(sel, start, end, end + SLACK_S, span, stride, job=sel)
+    return Window(sel, start, end, end + SLACK_S, span, stride, job=sel, job_id=job_id)
