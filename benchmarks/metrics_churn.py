@@ -38,7 +38,9 @@ nodes (linear in nodes: the series, the rate and the heap per series). Queries: 
 dashboards' fleet utilisation by user, one job's GPU utilisation (the job-detail panel),
 and the login-node report's per-GPU stats of a finished job computed from its series
 (``PromSource.gpu_stats(final=False)``) and from its published stats. Not part of the test
-run; a run prints one table row (``--json`` for the figures).
+run; a run prints one table row (``--json`` for the figures; ``--table A.json B.json ...``
+prints the runs side by side, the 1,000-node heap from a fit of heap against head series
+over all of them: Prometheus' fixed memory apart from what each series costs).
 """
 
 from __future__ import annotations
@@ -288,17 +290,19 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             time.sleep(min(10.0, max(0.0, end - time.time())))
             readings.append(head(base))
         latency = query_latency(base, fleet)
+        own = value(base, 'count({job="prometheus"})')  # Prometheus' own series
         slow = value(base, 'max(scrape_duration_seconds{job="slurmhealth"})')
     finally:
         stop()
         server.shutdown()
+    starts = [fleet.t0 + t / args.compress for _, _, t in fleet.started]
     return summarise(args, readings, latency, slow, float(REAL_BLOCK_S / args.compress),
-                     [fleet.t0 + t / args.compress for _, _, t in fleet.started])  # fmt: skip
+                     starts, own)  # fmt: skip
 
 
 def summarise(
     args: argparse.Namespace, readings: list[dict[str, float]], latency: dict[str, float],
-    slow: float, block_s: float, starts: list[float],
+    slow: float, block_s: float, starts: list[float], own: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     t0 = readings[0]["t"] - 10
     steady = [r for r in readings if r["t"] - t0 > 1.6 * block_s] or readings[-3:]
@@ -318,7 +322,9 @@ def summarise(
         "created_per_hour": per_hour, "jobs_per_hour": jobs_per_hour,
         "created_per_job": per_hour / max(1e-9, jobs_per_hour),
         "rss_bytes": rss, "heap_bytes": heap,
-        "at_1000": {"head_series": series * scale, "created_per_hour": per_hour * scale,
+        "own_series": own,
+        "at_1000": {"head_series": (series - own) * scale + own,
+                    "created_per_hour": per_hour * scale,
                     "heap_bytes": heap * scale, "rss_bytes": rss * scale},
         "latency_s": latency, "readings": readings,
     }  # fmt: skip
@@ -327,16 +333,44 @@ def summarise(
 _NOT_SHOWN = ("job", "start", "end", "report, from series GPUs", "report, published GPUs")
 
 
-def row(m: dict[str, Any]) -> str:
-    lat = m["latency_s"]
-    a = m["at_1000"]
-    return (f"| {m['job_labels']} | {m['rate']} | {m['head_series']:,.0f} "
+HEADER = (
+    "| job_labels | jobs | nodes | head series | created / h | per job | RSS / heap | "
+    "1,000 nodes: head series | created / h | heap | fleet util by user | one job's GPUs | "
+    "report, from series | report, published |\n" + "| --- " * 14 + "|"
+)
+
+
+def heap_fit(runs: list[dict[str, Any]]) -> tuple[float, float]:
+    """Go heap = base + per-series x head series, least squares over ``runs`` (one run:
+    no base)."""
+    xs, ys = [r["head_series"] for r in runs], [r["heap_bytes"] for r in runs]
+    if len(runs) < 2 or len(set(xs)) < 2:
+        return 0.0, sum(ys) / max(1.0, sum(xs))
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    k = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum(
+        (x - mx) ** 2 for x in xs
+    )
+    return my - k * mx, k
+
+
+def row(m: dict[str, Any], fit: tuple[float, float]) -> str:
+    lat, a = m["latency_s"], m["at_1000"]
+    heap = fit[0] + fit[1] * a["head_series"]
+    ms = " | ".join(f"{lat[k] * 1000:.0f} ms" for k in lat if k not in _NOT_SHOWN)
+    return (f"| {m['job_labels']} | {m['rate']} | {m['nodes']} | {m['head_series']:,.0f} "
             f"(max {m['head_series_max']:,.0f}) | {m['created_per_hour']:,.0f} | "
             f"{m['created_per_job']:.1f} | {m['rss_bytes'] / 2**20:.0f} / "
             f"{m['heap_bytes'] / 2**20:.0f} MiB | {a['head_series']:,.0f} | "
-            f"{a['created_per_hour']:,.0f} | {a['heap_bytes'] / 2**30:.2f} GiB | "
-            + " | ".join(f"{lat[k] * 1000:.0f} ms" for k in lat if k not in _NOT_SHOWN)
-            + " |")  # fmt: skip
+            f"{a['created_per_hour']:,.0f} | {heap / 2**30:.2f} GiB | {ms} |")  # fmt: skip
+
+
+def table(paths: list[str]) -> str:
+    """The runs' rows side by side; the 1,000-node heap from the fit over all of them."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    fit = heap_fit(runs)
+    lines = [HEADER, *(row(m, fit) for m in runs)]
+    lines.append(f"\nGo heap ~ {fit[0] / 2**20:.0f} MiB + {fit[1] / 1024:.2f} KiB per head series")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -349,7 +383,11 @@ def main() -> None:
     ap.add_argument("--rdma", default="ndr8", help="a simtree preset, or none")
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--keep", help="copy Prometheus' data dir here (to query it again)")
+    ap.add_argument("--table", nargs="+", metavar="JSON", help="print the runs' table, no run")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     random.seed(7)
     with tempfile.TemporaryDirectory() as tmp:
         m = run(args, Path(tmp))
@@ -360,13 +398,8 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(m, indent=1))
 
-    print(
-        "| job_labels | jobs | head series | created/h | per job | RSS / heap | "
-        "1,000 nodes: head series | created/h | heap | "
-        + " | ".join(k for k in m["latency_s"] if k not in _NOT_SHOWN)
-        + " |"
-    )
-    print(row(m))
+    print(HEADER)
+    print(row(m, heap_fit([m])))
 
 
 if __name__ == "__main__":
