@@ -1,5 +1,7 @@
-"""A job's per-GPU stats from Prometheus: the sidecars' series by ``job_id``
-(docs/metrics.md), for a report made where no node history is in reach (a login node).
+"""A job's per-GPU stats from Prometheus: the sidecars' series by ``job_id``, or where
+they carry no job labels (``[metrics] job_labels = "info"``) the job's own samples of its
+GPUs' series (``prom_spans``; docs/metrics.md), for a report made where no node history is
+in reach (a login node).
 
 :meth:`PromSource.gpu_stats` gives the :class:`GpuStats` the node histories give
 (``report.collect``). First the stats each node's epilog published after the job
