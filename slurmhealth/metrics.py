@@ -4,9 +4,10 @@ Names follow dcgm-exporter's semantics under the ``slurmhealth_`` prefix with ba
 (ratios 0-1, bytes, celsius, watts, hertz, ``_total`` counters). ``None`` in the state means
 "unknown / not supported": no sample is exported, never a 0.
 
-The cardinality budget (docs/metrics.md): per-GPU series carry only :data:`GPU_LABELS`; the
-job's other facts (account, partition, QOS, name, GPUs and their model) are on one
-``slurmhealth_job_info`` series to join with ``group_left``.
+The cardinality budget (docs/metrics.md): per-GPU series carry only :data:`GPU_LABELS` (with
+``job_labels="info"`` only the GPU's, ``series_labels``); the job's other facts (account,
+partition, QOS, name, GPUs and their model) are on one ``slurmhealth_job_info`` series, and
+``slurmhealth_job_gpu_info`` names each GPU's job, to join with ``group_left``.
 NVLinks are summed per GPU (errors by counter, links down) unless ``per_link_nvlink``; an
 RDMA port's error counters are summed (``counter="all"``) unless ``per_counter_rdma``.
 In ``mode="dcgm"`` dcgm-exporter owns the GPU counters: only health, Xids, events, job and
