@@ -161,16 +161,20 @@ class PromSource:
         """The stats the nodes' epilogs published after the job (final_series)."""
         at, span = w.end + FINAL_S, f"{FINAL_S + SLACK_S:.0f}s"
         if w.spans:  # without job labels: the newest scrape that names the job (prom_spans)
-            names = _alternatives((final_series.STAT, final_series.THROTTLE))
-            expr = f"{{__name__=~{names},{w.sel}}}[{span}]"
-            got = self.client.gather({"n": partial(self.client.query_samples, expr, at)},
+            ids = f"{final_series.STAT}{{stat={_quote(final_series.JOB_STAT)},{w.sel}}}[{span}]"
+            got = self.client.gather({"n": partial(self.client.query_samples, ids, at)},
                                      deadline)["n"]  # fmt: skip
-            picked = prom_spans.final_of(w.job_id, prom_spans.clip_keys(
-                got, {s.node: s for s in w.spans}))  # fmt: skip
-            return final_stats(
-                [(lab, v) for lab, v in picked if lab.get("__name__") == final_series.STAT],
-                [(lab, v) for lab, v in picked if lab.get("__name__") == final_series.THROTTLE],
-            )
+            by_node = {s.node: s for s in w.spans}
+            newest = prom_spans.newest_naming(w.job_id, prom_spans.clip_keys(got, by_node))
+            if not newest:
+                return {}
+            calls = {
+                name: partial(self.client.query, prom_spans.at_scrapes(family, newest), at)
+                for name, family in (("stat", final_series.STAT),
+                                     ("throttle", final_series.THROTTLE))
+            }  # fmt: skip
+            found = self.client.gather(calls, deadline)
+            return final_stats(found["stat"], found["throttle"])
         calls = {
             name: partial(self.client.query, f"last_over_time({family}{{{w.sel}}}[{span}])", at)
             for name, family in (("stat", final_series.STAT), ("throttle", final_series.THROTTLE))

@@ -61,10 +61,12 @@ def gpu(node: int, g: int, i: int, other: bool) -> GpuState:
     )  # fmt: skip
 
 
-def stats_of(i_node: int) -> list[dict[str, object]]:
-    """What a node's epilog published (any numbers: they are taken as they are)."""
-    return [{"gpu": g, "uuid": f"GPU-{i_node}-{g}", "samples": N, "util_mean": 40.0 + g,
-             "util_p5": 5.0, "util_min": 1.0, "util_max": 89.0, "util_swings": 0,
+def stats_of(i_node: int, other: bool = False) -> list[dict[str, object]]:
+    """What a node's epilog published (any numbers: they are taken as they are; the next
+    job's differ)."""
+    return [{"gpu": g, "uuid": f"GPU-{i_node}-{g}", "samples": N,
+             "util_mean": 40.0 + g + 50 * other, "util_p5": 5.0, "util_min": 1.0,
+             "util_max": 89.0, "util_swings": 0,
              "mem_peak_bytes": 2**34, "mem_total_bytes": 80 * 2**30, "power_mean_w": 320.5,
              "temp_max_c": 69.0, "margin_min_c": 1.0, "pcie_gen_min": 4, "pcie_width_min": 16,
              "nvlink_active_min": 18, "nvlink_errors_delta": 0, "pcie_replays_delta": 5 + g,
@@ -85,7 +87,8 @@ def node_scrapes(mode: str, prefix: str, job_id: str, k: int, t0: float) -> list
             state = ExportState(labels=labels, snapshot=snap, samples_total=i - first + 1)
             out.append((ts, stamped(scrape(state, mode), ts)))
         if k % 2 == 0 and jid != BEFORE:  # even nodes' epilogs published the stats
-            text = scrape_families(final_series.families(labels, node, stats_of(k), mode))
+            stats = stats_of(k, other=jid != job_id)
+            text = scrape_families(final_series.families(labels, node, stats, mode))
             end = t0 + (last - 1) * STEP
             out += [(end + d, stamped(text, end + d)) for d in (5.0, 15.0)]
     return out
