@@ -143,3 +143,53 @@ def encode_final(fams: list[dict[str, object]], job_id: str, ts: float) -> bytes
     from slurmhealth.export_state import encode_families
 
     return encode_families(fams, job_id, os.getpid(), ts)  # type: ignore[arg-type]
+
+
+def test_a_real_sidecar_in_dcgm_and_info_mode(tmp_path: Path) -> None:
+    """``slurmhealth sidecar`` with ``mode = "dcgm"`` and ``job_labels = "info"``: it writes
+    dcgm-exporter's job-mapping files as in the other mode, and publishes per-GPU series
+    without the job's labels beside one info series per GPU; the epilog's publish of the
+    job's stats follows the mode too."""
+    import subprocess
+    import sys
+    import time
+
+    from slurmhealth.config import load_config
+    from slurmhealth.sidecar.lifecycle import publish_final
+    from tests.support.sim_config import sidecar_config, sidecar_env
+
+    config = sidecar_config(
+        tmp_path, 'name = "idle"\n[all_gpus]\nutilization_gpu = 10\n',
+        dcgm_job_mapping_dir=f'"{tmp_path}/dcgm-job-mapping"',
+        extra='[metrics]\nmode = "dcgm"\njob_labels = "info"\n',
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slurmhealth", "sidecar", "--job", "503", "--gpus", "0-3"],
+        env=sidecar_env(config), stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    state_file = tmp_path / "run" / "export" / "job-503.json"
+    mapping = tmp_path / "dcgm-job-mapping"
+    try:
+        deadline = time.monotonic() + 90
+        while not (state_file.exists() and mapping.is_dir() and len(list(mapping.iterdir())) == 4):
+            assert time.monotonic() < deadline, "no state file / job mapping within 90 s"
+            time.sleep(0.05)
+        assert {p.read_text().strip() for p in mapping.iterdir()} == {"503"}
+        by_name = {f["name"]: f["samples"] for f in json.loads(state_file.read_text())["families"]}
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=90) == 0
+    up = by_name["slurmhealth_gpu_up"]
+    assert sorted(s[1]["gpu"] for s in up) == ["0", "1", "2", "3"]
+    assert all(set(s[1]) == {"node", "gpu", "uuid", "status"} for s in up)
+    assert "slurmhealth_gpu_utilization_ratio" not in by_name  # dcgm mode: dcgm-exporter's
+    info = by_name["slurmhealth_job_gpu_info"]
+    assert {(s[1]["job_id"], s[1]["node"]) for s in info} == {("503", "node1")} and len(info) == 4
+    assert by_name["slurmhealth_sidecar_samples"][0][1]["job_id"] == "503"
+    cfg = load_config(str(config), env={})
+    assert publish_final(cfg, dataclasses.replace(job_state("503").labels, node="node1"),
+                         [{"gpu": 0, "uuid": "GPU-0", "samples": 5}])  # fmt: skip
+    done = json.loads((tmp_path / "run" / "export" / "done-503.json").read_text())
+    stats = done["families"][0]["samples"]
+    assert {s[1]["stat"]: s[2] for s in stats} == {"job_id": 503.0, "samples": 5.0}
+    assert all("user" not in s[1] for s in stats)
