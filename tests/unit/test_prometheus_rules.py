@@ -325,7 +325,8 @@ def test_dashboard_contents() -> None:
         '(1, slurmhealth_job_gpu_info{job_id="$job_id"})'
     )
     for metric in ("gpu_utilization_ratio", "gpu_power_watts"):  # either job_labels mode
-        assert f"slurmhealth_{metric} {join}" in queries
+        # (or the job's labels: series from sidecars older than slurmhealth_job_gpu_info)
+        assert f'slurmhealth_{metric} {join} or slurmhealth_{metric}{{job_id="$job_id"}}' in queries
     annotation = [a for a in job["annotations"]["list"] if "expr" in a]
     assert len(annotation) == 1
     assert 'changes(slurmhealth_events_total{job_id="$job_id"}[1m]) > 0' in annotation[0]["expr"]
