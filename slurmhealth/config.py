@@ -203,6 +203,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "slurm.backend": ("cli", "pyslurm", "auto"),
     "rdma.link_layer": ("", "InfiniBand", "Ethernet"),
     "metrics.mode": ("slurmhealth", "dcgm"),
+    "metrics.job_labels": ("series", "info"),
     "metrics.rdma_series": ("multi_node", "all", "none"),
 }
 

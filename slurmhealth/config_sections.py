@@ -44,6 +44,9 @@ class MetricsConfig:
     """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
 
     mode: str = "slurmhealth"  # slurmhealth | dcgm (dcgm-exporter exports the GPU counters)
+    # series: every per-GPU series carries job_id/user/priority (new series per job);
+    # info: only node/gpu, attributed by slurmhealth_job_gpu_info (docs/metrics.md)
+    job_labels: str = "series"
     bind: str = "0.0.0.0"
     port: int = 9450  # the exporter's /metrics; 0 = no HTTP endpoint (textfile only)
     textfile_dir: str = ""  # node_exporter's --collector.textfile.directory; "" = none

@@ -170,6 +170,7 @@ class JobStates:
     skipped: int = 0  # files over the limits, unreadable, or not ours
     finished: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # done-<id>.json
     expired: list[str] = field(default_factory=list)  # done files older than linger_s
+    finished_ts: dict[str, float] = field(default_factory=dict)  # when each was published
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,9 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
     for name in names:  # after every running job's: those come first within max_files
         if (done := _FINAL_FILE.match(name)) is not None:
             _read_final(os.path.join(directory, name), done.group(1), now, limits, out)
+    # the newest first: with job_labels = "info" two jobs' stats of one GPU have the same
+    # labels, and merged() keeps the first (the GPU's last job's, final_series)
+    out.finished = dict(sorted(out.finished.items(), key=lambda kv: -out.finished_ts[kv[0]]))
     return out
 
 
@@ -251,6 +255,7 @@ def _read_final(path: str, job_id: str, now: float, limits: Limits, out: JobStat
         out.expired.append(path)
     else:
         out.finished[job_id] = doc["families"]
+        out.finished_ts[job_id] = float(ts)
 
 
 def _dead_pid_files(run_dir: str) -> set[str]:
@@ -275,10 +280,13 @@ def _dead_pid_files(run_dir: str) -> set[str]:
 
 def merged(families: Iterable[list[dict[str, Any]]]) -> list[Metric]:
     """Families of several jobs merged by name (one ``# TYPE`` line each); malformed
-    entries are left out."""
+    entries are left out, and so is a sample whose name and labels an earlier job's has
+    (``job_labels = "info"``: two jobs sharing a GPU, or an RDMA port, export the same
+    series; a scrape may hold each once)."""
     from prometheus_client.core import Metric
 
     by_name: dict[str, Metric] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for fams in families:
         for fam in fams:
             try:
@@ -290,7 +298,10 @@ def merged(families: Iterable[list[dict[str, Any]]]) -> list[Metric]:
                     continue
                 for sample_name, labels, value in fam["samples"]:
                     labels = {str(k): str(v) for k, v in labels.items()}
-                    metric.add_sample(str(sample_name), labels, float(value))
+                    key = (str(sample_name), tuple(sorted(labels.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        metric.add_sample(str(sample_name), labels, float(value))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
     return list(by_name.values())

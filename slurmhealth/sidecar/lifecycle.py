@@ -223,7 +223,8 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
         if not gpus or mc.final_linger_s <= 0:  # (the exporter's port may come from argv)
             remove_expired_finals(files.run_dir, mc.final_linger_s, now)  # (turned off?)
             return False
-        data = encode_families(families(job, job.node, gpus), job.job_id, os.getpid(), now)
+        fams = families(job, job.node, gpus, mc.job_labels)
+        data = encode_families(fams, job.job_id, os.getpid(), now)
         write_final(files.run_dir, job.job_id, data, mc.final_linger_s, now)
     except Exception as exc:  # best effort, like the evidence: the epilog's verdict stands
         log.warning("the job's stats were not published for Prometheus: %s: %s",

@@ -88,7 +88,8 @@ class Sidecar:
         mc = cfg.metrics
         self._collector = SidecarCollector(self.state, mode=mc.mode,
                                            per_link_nvlink=mc.per_link_nvlink,
-                                           per_counter_rdma=mc.per_counter_rdma)  # fmt: skip
+                                           per_counter_rdma=mc.per_counter_rdma,
+                                           job_labels=mc.job_labels)  # fmt: skip
 
     # -- export ----------------------------------------------------------------------
     def state(self) -> ExportState:
