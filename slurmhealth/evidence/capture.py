@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -32,9 +31,11 @@ from slurmhealth.evidence.sources import (
     rdma_sources,
     run_command,
     tail_file,
+    tail_opened,
 )
 from slurmhealth.evidence.summary import write_summary
 from slurmhealth.model_records import Job
+from slurmhealth.user_open import Rights, open_paths
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -94,6 +95,11 @@ class _Request:
     driver: dict[str, str | None] = field(default_factory=dict)
     nvml_done: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def rights(self) -> Rights | None:
+        """The job's user's rights, for every path under the user's folders."""
+        return None if self.job.uid is None else Rights.of(self.job.uid, self.job.user)
+
 
 def _home(user: str, uid: int | None) -> str:
     import pwd
@@ -150,30 +156,39 @@ def _kernel(req: _Request, task: _Task, deadline: float) -> None:
 
 
 def _nccl(req: _Request, task: _Task, deadline: float) -> None:
+    """The NCCL debug files, found and opened with the job's user's rights: a folder made
+    a symlink to one the user cannot read yields nothing (root lists nothing for them)."""
     ev = req.cfg.evidence
     home = _home(req.job.user, req.job.uid)
     values = {"{job_id}": req.job.job_id, "{user}": req.job.user, "{home}": home}
-    paths: list[str] = []
+    patterns: list[str] = []
     for pattern in ev.nccl_globs:
         if any(key in pattern and not value for key, value in values.items()):
             continue  # e.g. {home} of an unknown user
         for key, value in values.items():
             pattern = pattern.replace(key, glob.escape(value))
-        paths.extend(itertools.islice(glob.iglob(pattern), ev.nccl_max_files * 4))
-    paths = sorted(set(paths))
-    if not paths:
+        patterns.append(pattern)
+    left = max(0.1, deadline - time.monotonic())
+    opened, note = open_paths(patterns, req.rights, max_files=ev.nccl_max_files + 1,
+                              timeout_s=left)  # fmt: skip
+    if note:
+        task.out().fail(note)
+    files = [o for o in opened if o.fd is not None]
+    if not files:
         task.skip = "no NCCL debug file matched evidence.nccl_globs"
         return
-    if len(paths) > ev.nccl_max_files:
-        task.out().write(f"{len(paths)} files matched; first {ev.nccl_max_files} kept\n".encode())
-    for path in paths[: ev.nccl_max_files]:
-        if time.monotonic() >= deadline:
-            task.out().fail("no time left for the remaining NCCL files")
-            break
-        name = _SAFE_CHARS.sub("_", os.path.basename(path)).lstrip(".") or "log"
+    if len(files) > ev.nccl_max_files:
+        task.out().write(f"over {ev.nccl_max_files} files matched; first ones kept\n".encode())
+    for n, one in enumerate(files):
+        if n >= ev.nccl_max_files or time.monotonic() >= deadline:
+            if n < ev.nccl_max_files:
+                task.out().fail("no time left for the remaining NCCL files")
+            os.close(one.fd)  # type: ignore[arg-type]  # files holds opened ones only
+            continue
+        name = _SAFE_CHARS.sub("_", os.path.basename(one.path)).lstrip(".") or "log"
         while f"nccl/{name}" in task.outputs:
             name = f"_{name}"
-        tail_file(path, task.out(f"nccl/{name}"), ev.nccl_tail_kib * 1024, req.job.uid)
+        tail_opened(one, task.out(f"nccl/{name}"), ev.nccl_tail_kib * 1024, req.job.uid)
 
 
 def _host(req: _Request, task: _Task, deadline: float) -> None:
@@ -191,9 +206,9 @@ def _host(req: _Request, task: _Task, deadline: float) -> None:
     task.out().write(("\n".join(lines) + "\n").encode())
 
 
-def _tail(path: str, nbytes: int, uid: int | None) -> Callable[[_Task, float], None]:
+def _tail(path: str, nbytes: int, req: _Request) -> Callable[[_Task, float], None]:
     def run(task: _Task, deadline: float) -> None:
-        tail_file(path, task.out(), nbytes, uid)
+        tail_file(path, task.out(), nbytes, req.job.uid, req.rights)
 
     return run
 
@@ -235,7 +250,7 @@ def _plan(req: _Request, stdout_path: str | None, stderr_path: str | None,
         if not path:
             skipped[source] = "no path given"
             continue
-        add(source, f"{source}.tail", _tail(path, ev.output_tail_kib * 1024, req.job.uid))
+        add(source, f"{source}.tail", _tail(path, ev.output_tail_kib * 1024, req))
     db = cfg.db_path(req.job.node)
     for table in ("samples", "events"):
         add(table, f"{table}.jsonl", _rows(db, table, req))

@@ -13,12 +13,14 @@ import json
 import os
 import selectors
 import signal
-import stat
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
+
+from slurmhealth import safe_read
+from slurmhealth.user_open import Opened, Rights, open_paths
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -129,38 +131,42 @@ def run_command(argv: Sequence[str], sink: Sink, deadline: float) -> int | None:
     return rc
 
 
-def tail_file(path: str, sink: Sink, nbytes: int, uid: int | None = None) -> None:
+def tail_file(
+    path: str, sink: Sink, nbytes: int, uid: int | None = None, rights: Rights | None = None
+) -> None:
     """The last ``min(nbytes, sink.cap)`` bytes of the regular file ``path``.
 
-    The file is opened without following a final symlink; when ``uid`` is known it must own
-    the file (a job's user must not get root to copy someone else's file into the bundle).
-    """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        sink.fail(f"cannot open {path}: {exc.strerror or exc}")
+    Opened with ``rights`` (the job's user: :mod:`slurmhealth.user_open`) when given, never
+    following a final symlink nor blocking on a FIFO; when ``uid`` is known it must own the
+    file (a job's user must not get root to copy someone else's file into the bundle)."""
+    opened, note = open_paths([path], rights, max_files=1, timeout_s=2.0)
+    if note:
+        sink.fail(note)
+    for one in opened:
+        tail_opened(one, sink, nbytes, uid)
+    if not opened and not note:
+        sink.fail(f"cannot open {path}")
+
+
+def tail_opened(one: Opened, sink: Sink, nbytes: int, uid: int | None) -> None:
+    """Into ``sink``: the tail of a file :func:`open_paths` opened (closes its fd)."""
+    if one.fd is None:
+        sink.fail(f"cannot open {one.path}: {one.error}")
         return
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            sink.fail(f"{path} is not a regular file")
-            return
-        if uid is not None and st.st_uid != uid:
-            sink.fail(f"{path} belongs to uid {st.st_uid}, not the job's uid {uid}; not copied")
-            return
-        want = min(nbytes, sink.cap)
-        start = max(0, st.st_size - want)
-        end = st.st_size
-        off = start
-        while off < end:  # a file that still grows is read up to its size at open
-            chunk = os.pread(fd, min(_CHUNK * 16, end - off), off)
-            if not chunk or not sink.write(chunk):
-                break
-            off += len(chunk)
-        if start > 0:
-            sink.truncated = True
+        st = safe_read.check_fd(one.fd, one.path, uid=uid)
+        data = safe_read.read_fd(one.fd, st, one.path, min(nbytes, sink.cap), tail=True)
+    except safe_read.Unsafe as exc:
+        note = str(exc)
+        if "belongs to uid" in note:
+            note += " (the job's uid); not copied"
+        sink.fail(note)
+        return
     finally:
-        os.close(fd)
+        os.close(one.fd)
+    sink.write(data)
+    if st.st_size > len(data):
+        sink.truncated = True
 
 
 def history_rows(

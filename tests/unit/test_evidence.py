@@ -48,6 +48,19 @@ def _script(path: Path, body: str) -> str:
 
 
 @pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A folder other users may traverse (pytest's own is root-only): the capture opens a
+    job's files with the job's uid's rights, as it does on a node."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="slurmhealth-evidence-"))
+    top.chmod(0o755)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
 def make_cfg(tmp_path: Path) -> Callable[..., Config]:
     """A config for node n1 of a scenario, every path in tmp_path, fake scontrol/nvidia-smi."""
     bin_dir = tmp_path / "bin"
