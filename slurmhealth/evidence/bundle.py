@@ -1,23 +1,28 @@
 """Where bundles live and how their files are written: paths, permissions, safe writes.
 
 A bundle is ``<evidence_dir>/<job_id>/<node>/`` (``evidence_dir`` may hold ``{node}``).
-It is readable by root, by the configured admin group and by the job's owner, nobody else:
-directories ``0750``, files ``0640``, owner = the job's uid (when known), group = the admin
-group (``evidence.admin_group``; empty = root). The job's owner owns those directories, so
-every write goes through directory file descriptors opened with ``O_NOFOLLOW``: a symlink
-planted in a bundle never redirects a root write or read elsewhere.
+It belongs to root, so the party a report judges cannot rewrite its evidence (DESIGN.md
+5b): directories ``0750``, files ``0640``, owner root, group the admin group
+(``evidence.admin_group``; empty = root), and a POSIX ACL entry that lets the job's user
+read it (``user:<uid>:r-x`` on directories, ``user:<uid>:r--`` on files). Every write
+still goes through directory file descriptors opened with ``O_NOFOLLOW``, so a symlink in
+a bundle (one left by an older version, which gave bundles to the job's user) never
+redirects a root write elsewhere; an old bundle's folders are taken back by root.
 """
 
 from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import re
 import stat
+import struct
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from slurmhealth import safe_read
 from slurmhealth.errors import UsageError
 
 if TYPE_CHECKING:
@@ -28,6 +33,7 @@ FILE_MODE = 0o640
 ROOT_MODE = 0o711  # the evidence root: traverse only, so nobody lists other jobs
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
+SCHEMA = "slurmhealth.evidence/1"
 _NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,127}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -61,22 +67,65 @@ def admin_gid(group: str) -> tuple[int, str | None]:
         return 0, f"evidence.admin_group {group!r} does not exist; group root used"
 
 
-class Owner:
-    """Who a bundle's directories and files belong to."""
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 1, 2, 4, 16, 32
+_ACL_UNDEFINED_ID = 0xFFFFFFFF
 
-    def __init__(self, uid: int | None, gid: int) -> None:
-        self.uid = uid
+
+def acl_granting(mode: int, uid: int) -> bytes:
+    """The ``system.posix_acl_access`` value (the kernel's xattr format: version 2, then
+    tag/perm/id entries in tag order) of ``mode`` plus read (and search, for ``0o750``
+    directories) for ``uid``; the mask is the group bits, as ``setfacl`` makes it."""
+    group = (mode >> 3) & 7
+    entries = [(_ACL_USER_OBJ, (mode >> 6) & 7, _ACL_UNDEFINED_ID), (_ACL_USER, group, uid),
+               (_ACL_GROUP_OBJ, group, _ACL_UNDEFINED_ID), (_ACL_MASK, group, _ACL_UNDEFINED_ID),
+               (_ACL_OTHER, mode & 7, _ACL_UNDEFINED_ID)]  # fmt: skip
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def reader_of(path: str) -> int | None:
+    """The job's uid a bundle folder belongs to: its ACL's named user (anyone who can look
+    the folder up can read its ACL), else its owner when not root (an older bundle)."""
+    try:
+        raw = os.getxattr(path, _ACL_XATTR, follow_symlinks=False)
+    except OSError:
+        raw = b""
+    for off in range(4, len(raw) - 7, 8):
+        tag, _perm, uid = struct.unpack_from("<HHI", raw, off)
+        if tag == _ACL_USER:
+            return int(uid)
+    try:
+        return os.lstat(path).st_uid or None
+    except OSError:
+        return None
+
+
+class Owner:
+    """Who a bundle's directories and files belong to: root (the writer), the admin group,
+    and ``reader`` (the job's uid, when known) through an ACL entry."""
+
+    def __init__(self, reader: int | None, gid: int) -> None:
+        self.reader = reader
         self.gid = gid
         self.notes: list[str] = []
 
     def apply(self, fd: int, mode: int) -> None:
-        os.fchmod(fd, mode)
         try:
-            os.fchown(fd, -1 if self.uid is None else self.uid, self.gid)
-        except PermissionError as exc:  # not root: the files stay ours
-            note = f"cannot chown evidence files ({exc.strerror}); they keep the writer's owner"
-            if note not in self.notes:
-                self.notes.append(note)
+            os.fchown(fd, os.geteuid(), self.gid)
+        except PermissionError as exc:  # not root: the files keep the writer's group
+            self._note(f"cannot chgrp evidence files ({exc.strerror}); they keep the writer's")
+        os.fchmod(fd, mode)
+        if self.reader is None or self.reader == os.geteuid():
+            return
+        try:
+            os.setxattr(fd, _ACL_XATTR, acl_granting(mode, self.reader))
+        except OSError as exc:
+            self._note(f"cannot give uid {self.reader} read access by ACL ({exc.strerror}): "
+                       "only root and the admin group can read this bundle")  # fmt: skip
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
 
 def subdir(parent_fd: int, name: str, owner: Owner) -> int:
@@ -131,17 +180,9 @@ def write_file(dir_fd: int, name: str, data: bytes, owner: Owner) -> None:
 def read_tail(dir_fd: int, name: str, nbytes: int) -> bytes | None:
     """The last ``nbytes`` of a regular, singly linked file in ``dir_fd``; None otherwise."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)  # fmt: skip
-    except OSError:
+        return safe_read.read_bytes(name, nbytes, dir_fd=dir_fd, tail=True, single_link=True)
+    except safe_read.Unsafe:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            return None
-        return os.pread(fd, nbytes, max(0, st.st_size - nbytes))
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -157,3 +198,52 @@ def open_existing(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
         yield fd
     finally:
         os.close(fd)
+
+
+def file_entry(name: str, data: bytes, source: str) -> dict[str, object]:
+    import hashlib
+
+    return {"name": name, "source": source, "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+
+
+def trusted_manifest(dir_fd: int) -> dict[str, Any] | None:
+    """The bundle's manifest when root (or this writer) wrote it and nobody else can write
+    it: the document that vouches for every file's sha256."""
+    try:
+        fd, st = safe_read.open_checked(MANIFEST, dir_fd=dir_fd, single_link=True)
+    except safe_read.Unsafe:
+        return None
+    try:
+        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+            return None
+        doc = json.loads(safe_read.read_fd(fd, st, MANIFEST, safe_read.MANIFEST_MAX))
+    except (safe_read.Unsafe, ValueError, RecursionError):
+        return None
+    finally:
+        os.close(fd)
+    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
+
+
+def vouch(
+    dir_fd: int, entry: dict[str, object], owner: Owner, job_id: str, node: str
+) -> None:
+    """Put ``entry`` (a file just written, see :func:`file_entry`) into the manifest, or
+    start one that lists it (a summary written for a job whose bundle was not captured)."""
+    doc = trusted_manifest(dir_fd)
+    if doc is None:
+        doc = {"schema": SCHEMA, "job_id": job_id, "node": node, "reason": "summary only",
+               "uid": owner.reader, "files": []}  # fmt: skip
+    name = entry["name"]
+    files = [e for e in doc["files"] if not (isinstance(e, dict) and e.get("name") == name)]
+    doc["files"] = [*files, entry]
+    data = (json.dumps(doc, indent=1, default=str) + "\n").encode()
+    write_file(dir_fd, MANIFEST, data, owner)
+
+
+def captured(manifest: dict[str, Any] | None) -> bool:
+    """Whether a manifest is a capture's (not only the summary's)."""
+    files = manifest.get("files") if manifest else None
+    return isinstance(files, list) and any(
+        isinstance(e, dict) and e.get("source") != "summary" for e in files
+    )

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA", "BundleResult", "capture", "write_summary"]
 
-SCHEMA = "slurmhealth.evidence/1"
+SCHEMA = bundle.SCHEMA
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.+-]")
 
 
@@ -339,6 +339,7 @@ def capture(
     gid, note = bundle.admin_gid(cfg.evidence.admin_group)
     owner = bundle.Owner(uid, gid)
     with bundle.open_bundle(cfg, job_id, node, owner) as dir_fd:
+        kept = _summary_entry(dir_fd)
         _write_blobs(dir_fd, blobs, owner)
         elapsed = time.monotonic() - t0
         truncated = any(e["truncated"] for e in entries)
@@ -347,7 +348,8 @@ def capture(
             "schema": SCHEMA, "job_id": job_id, "node": node, "reason": reason,
             "created": created, "user": user, "uid": uid, "gpus": list(gpus),
             "window": list(window), "budget_s": budget_s, "elapsed_s": round(elapsed, 3),
-            "truncated": truncated, "files": entries, "skipped": skipped, "notes": list(notes),
+            "truncated": truncated, "files": entries + kept, "skipped": skipped,
+            "notes": list(notes),
         }  # fmt: skip
         data = (json.dumps(manifest, indent=1, default=str) + "\n").encode()
         bundle.write_file(dir_fd, bundle.MANIFEST, data, owner)
@@ -380,6 +382,13 @@ def _run(tasks: list[_Task], t0: float, budget_s: float) -> None:
         threads.append(th)
     for th in threads:  # sources stop themselves at the deadline: give them a moment to
         th.join(max(0.0, deadline + reserve / 3 - time.monotonic()))  # kill and reap
+
+
+def _summary_entry(dir_fd: int) -> list[dict[str, Any]]:
+    """The summary's entry of the manifest a new capture replaces (the summary stays)."""
+    old = bundle.trusted_manifest(dir_fd)
+    files: list[Any] = old["files"] if old else []
+    return [e for e in files if isinstance(e, dict) and e.get("name") == bundle.SUMMARY]
 
 
 def _write_blobs(dir_fd: int, blobs: dict[str, bytes], owner: bundle.Owner) -> None:

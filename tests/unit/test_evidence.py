@@ -314,9 +314,18 @@ def _mode(path: Path) -> tuple[int, int, int]:
     return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
 
 
+def _acl_users(path: Path) -> dict[int, int]:
+    """The named-user entries (uid -> rwx bits) of a file's POSIX access ACL."""
+    import struct
+
+    raw = os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+    entries = [struct.unpack_from("<HHI", raw, off) for off in range(4, len(raw), 8)]
+    return {uid: perm for tag, perm, uid in entries if tag == 2}
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 @pytest.mark.parametrize(("group", "gid"), [("", 0), ("4343", 4343)])
-def test_bundle_readable_by_root_admin_group_and_job_owner_only(
+def test_bundle_root_owned_readable_by_admin_group_and_job_owner_only(
     make_cfg: Callable[..., Config], tmp_path: Path, group: str, gid: int
 ) -> None:
     cfg = make_cfg(admin_group=group)
@@ -326,10 +335,12 @@ def test_bundle_readable_by_root_admin_group_and_job_owner_only(
     bundle = Path(result.dir)
     assert stat.S_IMODE((tmp_path / "evidence").stat().st_mode) == 0o711  # traverse only
     for d in (bundle.parent, bundle, bundle / "nccl"):
-        assert _mode(d) == (0o750, UID, gid), d
+        assert _mode(d) == (0o750, 0, gid), d
+        assert _acl_users(d) == {UID: 0o5}, d  # the job's user: read and search
     files = [bundle / f["name"] for f in result.files] + [bundle / "manifest.json", summary]
     for f in files:
-        assert _mode(f) == (0o640, UID, gid), f
+        assert _mode(f) == (0o640, 0, gid), f
+        assert _acl_users(f) == {UID: 0o4}, f
     assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
@@ -409,7 +420,8 @@ def test_summary_round_trips_through_node_facts(
     assert facts.logs["stderr"].endswith("unhandled system error\n")
     assert len(facts.logs["stderr"]) <= 8 * 1024
     assert "Xid" in facts.logs["kernel"]
-    assert _mode(Path(path)) == (0o640, UID, 0)  # the owner from the history's jobs row
+    assert _mode(Path(path)) == (0o640, 0, 0)  # root's, readable by the jobs row's uid:
+    assert _acl_users(Path(path)) == {UID: 0o4}
 
 
 def test_summary_without_history_or_bundle(make_cfg: Callable[..., Config]) -> None:
