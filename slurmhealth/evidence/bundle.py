@@ -17,7 +17,6 @@ import grp
 import json
 import os
 import re
-import stat
 import struct
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -225,9 +224,7 @@ def trusted_manifest(dir_fd: int) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
 
 
-def vouch(
-    dir_fd: int, entry: dict[str, object], owner: Owner, job_id: str, node: str
-) -> None:
+def vouch(dir_fd: int, entry: dict[str, object], owner: Owner, job_id: str, node: str) -> None:
     """Put ``entry`` (a file just written, see :func:`file_entry`) into the manifest, or
     start one that lists it (a summary written for a job whose bundle was not captured)."""
     doc = trusted_manifest(dir_fd)

@@ -90,8 +90,9 @@ def write_summary(
 ) -> Written:
     """Write ``<evidence_dir>/<job_id>/<node>/summary.json`` (``NodeFacts.to_dict()``) with
     the bundle's permissions and its sha256 in the bundle's manifest (a new one listing
-    only the summary when no bundle was captured); return its path and what it holds. ``logs`` default: tails of
-    the bundle's stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each.
+    only the summary when no bundle was captured); return its path and what it holds.
+    ``logs`` default: tails of the bundle's stderr, NCCL, kernel and stack files,
+    ``evidence.summary_log_kib`` each.
     ``uid`` default: the ``jobs`` row's."""
     path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
     cap = cfg.evidence.summary_log_kib * 1024

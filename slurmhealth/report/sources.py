@@ -19,8 +19,8 @@ from typing import Any
 
 from slurmhealth import safe_read
 from slurmhealth.config import Config
-from slurmhealth.evidence import verify
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+from slurmhealth.evidence import verify
 from slurmhealth.history import read
 from slurmhealth.report.collect import job_facts, node_facts
 
