@@ -44,6 +44,8 @@ class MetricsConfig:
     """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
 
     mode: str = "slurmhealth"  # slurmhealth | dcgm (dcgm-exporter exports the GPU counters)
+    # the listen address: all interfaces, the Prometheus convention; "127.0.0.1" keeps it
+    # to the node (a Prometheus or agent on the node itself)
     bind: str = "0.0.0.0"
     port: int = 9450  # the exporter's /metrics; 0 = no HTTP endpoint (textfile only)
     textfile_dir: str = ""  # node_exporter's --collector.textfile.directory; "" = none
@@ -60,6 +62,11 @@ class MetricsConfig:
     max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
     # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
+    # the HTTP listener's bounds (slurmhealth/http_server.py, docs/threat-model.md)
+    header_timeout_s: float = 5.0  # a connection's request head within this of its accept
+    max_connections: int = 512  # open at once; at the cap the oldest unfinished one goes
+    max_requests: int = 40  # requests answered at once (node_exporter's --web.max-requests)
+    http_workers: int = 4  # threads answering them
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -17,12 +17,15 @@ import grp
 import json
 import os
 import re
-import struct
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slurmhealth import safe_read
 from slurmhealth.errors import UsageError
+from slurmhealth.trust import _ACL_XATTR, acl_granting
+from slurmhealth.trust import captured as captured  # re-exported for the evidence writers
+from slurmhealth.trust import reader_of as reader_of
+from slurmhealth.trust import trusted_manifest as trusted_manifest
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -64,39 +67,6 @@ def admin_gid(group: str) -> tuple[int, str | None]:
         return grp.getgrnam(group).gr_gid, None
     except KeyError:
         return 0, f"evidence.admin_group {group!r} does not exist; group root used"
-
-
-_ACL_XATTR = "system.posix_acl_access"
-_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_MASK, _ACL_OTHER = 1, 2, 4, 16, 32
-_ACL_UNDEFINED_ID = 0xFFFFFFFF
-
-
-def acl_granting(mode: int, uid: int) -> bytes:
-    """The ``system.posix_acl_access`` value (the kernel's xattr format: version 2, then
-    tag/perm/id entries in tag order) of ``mode`` plus read (and search, for ``0o750``
-    directories) for ``uid``; the mask is the group bits, as ``setfacl`` makes it."""
-    group = (mode >> 3) & 7
-    entries = [(_ACL_USER_OBJ, (mode >> 6) & 7, _ACL_UNDEFINED_ID), (_ACL_USER, group, uid),
-               (_ACL_GROUP_OBJ, group, _ACL_UNDEFINED_ID), (_ACL_MASK, group, _ACL_UNDEFINED_ID),
-               (_ACL_OTHER, mode & 7, _ACL_UNDEFINED_ID)]  # fmt: skip
-    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
-
-
-def reader_of(path: str) -> int | None:
-    """The job's uid a bundle folder belongs to: its ACL's named user (anyone who can look
-    the folder up can read its ACL), else its owner when not root (an older bundle)."""
-    try:
-        raw = os.getxattr(path, _ACL_XATTR, follow_symlinks=False)
-    except OSError:
-        raw = b""
-    for off in range(4, len(raw) - 7, 8):
-        tag, _perm, uid = struct.unpack_from("<HHI", raw, off)
-        if tag == _ACL_USER:
-            return int(uid)
-    try:
-        return os.lstat(path).st_uid or None
-    except OSError:
-        return None
 
 
 class Owner:
@@ -206,24 +176,6 @@ def file_entry(name: str, data: bytes, source: str) -> dict[str, object]:
             "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
 
 
-def trusted_manifest(dir_fd: int) -> dict[str, Any] | None:
-    """The bundle's manifest when root (or this writer) wrote it and nobody else can write
-    it: the document that vouches for every file's sha256."""
-    try:
-        fd, st = safe_read.open_checked(MANIFEST, dir_fd=dir_fd, single_link=True)
-    except safe_read.Unsafe:
-        return None
-    try:
-        if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
-            return None
-        doc = json.loads(safe_read.read_fd(fd, st, MANIFEST, safe_read.MANIFEST_MAX))
-    except (safe_read.Unsafe, ValueError, RecursionError):
-        return None
-    finally:
-        os.close(fd)
-    return doc if isinstance(doc, dict) and isinstance(doc.get("files"), list) else None
-
-
 def vouch(dir_fd: int, entry: dict[str, object], owner: Owner, job_id: str, node: str) -> None:
     """Put ``entry`` (a file just written, see :func:`file_entry`) into the manifest, or
     start one that lists it (a summary written for a job whose bundle was not captured)."""
@@ -236,11 +188,3 @@ def vouch(dir_fd: int, entry: dict[str, object], owner: Owner, job_id: str, node
     doc["files"] = [*files, entry]
     data = (json.dumps(doc, indent=1, default=str) + "\n").encode()
     write_file(dir_fd, MANIFEST, data, owner)
-
-
-def captured(manifest: dict[str, Any] | None) -> bool:
-    """Whether a manifest is a capture's (not only the summary's)."""
-    files = manifest.get("files") if manifest else None
-    return isinstance(files, list) and any(
-        isinstance(e, dict) and e.get("source") != "summary" for e in files
-    )

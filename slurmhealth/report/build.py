@@ -23,13 +23,12 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from slurmhealth import access
+from slurmhealth import access, trust
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, stragglers
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
 from slurmhealth.errors import StoreError, UsageError
-from slurmhealth.evidence import bundle
 from slurmhealth.history import read
 from slurmhealth.report import accounting
 from slurmhealth.report import sources as src
@@ -283,7 +282,7 @@ def _summary_owner(found: src.Summaries) -> int | None:
     """The job's uid from its summaries: root lets the job's owner read each (an ACL entry
     of its bundle folder; an older bundle's folder was the owner's), so one uid all of
     them name is the job's."""
-    uids = {bundle.reader_of(os.path.dirname(path)) for path, _data in found.values()}
+    uids = {trust.reader_of(os.path.dirname(path)) for path, _data in found.values()}
     return uids.pop() if len(uids) == 1 and None not in uids else None
 
 
@@ -291,7 +290,7 @@ def _folder_owner(cfg: Config, job_id: str) -> int | None:
     """The uid root lets read the job's evidence folder (traversable, not listable, by
     anyone; its ACL is readable by anyone who can look it up)."""
     for path in glob.glob(os.path.join(src.evidence_root(cfg, "*"), job_id)):
-        uid = bundle.reader_of(path)
+        uid = trust.reader_of(path)
         if uid is not None:
             return uid
     return None

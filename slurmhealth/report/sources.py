@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from slurmhealth import safe_read
+from slurmhealth import safe_read, trust
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
-from slurmhealth.evidence import verify
 from slurmhealth.history import read
 from slurmhealth.report.collect import job_facts, node_facts
 
@@ -110,12 +109,12 @@ def summaries(
     cfg: Config, job_id: str, tampered: dict[str, str] | None = None
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every node's ``summary.json`` of the job in the shared evidence dir, by node: only
-    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.evidence.
-    verify`); the others go to ``tampered`` (path -> why) and are not used."""
+    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.trust`);
+    the others go to ``tampered`` (path -> why) and are not used."""
     out = {}
     pattern = os.path.join(evidence_root(cfg, "*"), job_id, "*", "summary.json")
     for path in sorted(glob.glob(pattern)):
-        data, why = verify.check_summary(path)
+        data, why = trust.check_summary(path)
         if why is not None and tampered is not None:
             tampered[path] = why
         if isinstance(data, dict) and data.get("node"):

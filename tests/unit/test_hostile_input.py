@@ -10,8 +10,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from slurmhealth.hooks.job import clean_env, job_from_env
 
 BAD = os.fsdecode(b"gpu-\xff\xfe-part")  # how Python hands a non-UTF-8 value over
