@@ -34,17 +34,24 @@ class Unsafe(Exception):
 
 
 def open_checked(
-    path: str, *, dir_fd: int | None = None, uid: int | None = None, single_link: bool = False
+    path: str,
+    *,
+    dir_fd: int | None = None,
+    uid: int | None = None,
+    single_link: bool = False,
+    label: str | None = None,
 ) -> tuple[int, os.stat_result]:
     """An fd of the regular file ``path`` (relative to ``dir_fd`` when given) and its
-    ``fstat``; raises :class:`Unsafe`. ``uid``: it must be owned by that uid;
-    ``single_link``: not hard-linked (a link to a file elsewhere). The caller closes."""
+    ``fstat``; raises :class:`Unsafe` (naming ``label``, default ``path``). ``uid``: it
+    must be owned by that uid; ``single_link``: not hard-linked (a link to a file
+    elsewhere). The caller closes."""
+    label = label or path
     try:
         fd = os.open(path, OPEN_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
-        raise Unsafe(f"cannot open {path}: {exc.strerror or exc}") from None
+        raise Unsafe(f"cannot open {label}: {exc.strerror or exc}") from None
     try:
-        st = check_fd(fd, path, uid=uid, single_link=single_link)
+        st = check_fd(fd, label, uid=uid, single_link=single_link)
     except BaseException:
         os.close(fd)
         raise

@@ -105,7 +105,7 @@ def check_summary(path: str) -> Checked:
         if not _trusted_owner(os.fstat(dir_fd)):
             return Checked(None, "bundle folder is writable by someone other than root")
         try:
-            fd, st = safe_read.open_checked(name, dir_fd=dir_fd, single_link=True)
+            fd, st = safe_read.open_checked(name, dir_fd=dir_fd, single_link=True, label=path)
         except safe_read.Unsafe as exc:
             return Checked(None, str(exc))
         try:
