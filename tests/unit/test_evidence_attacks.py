@@ -44,8 +44,8 @@ def _report_cli(cluster: Path) -> tuple[dict[str, Any], float, int]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     env["SLURMHEALTH_CONFIG"] = str(cluster / "config.toml")
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "slurmhealth", "report", "42", "--json"],
-                          env=env, capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    argv = [sys.executable, "-m", "slurmhealth", "report", "42", "--json"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -116,7 +116,7 @@ def test_summary_made_a_fifo_never_stalls_the_report(cluster: Path) -> None:
     path = _summary(cluster)
     path.unlink()
     os.mkfifo(path)
-    report, took, _rss = _report_cli(cluster)  # it hung before; now 60 s would fail it
+    report, _took, _rss = _report_cli(cluster)  # it hung before; now 60 s would fail it
     why = [u["why"] for u in report["unreached"] if u["source"] == str(path)]
     assert why == [f"tampered: {path} is not a regular file; not used"]
 
@@ -166,8 +166,8 @@ def users_bundle(user: str, tmp_path: Path) -> Any:
 
 
 def _as_user(user: str, code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code],
-                          capture_output=True, text=True, timeout=60, check=False, cwd="/")  # fmt: skip
+    argv = ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, cwd="/")
 
 
 @root_only
