@@ -73,6 +73,7 @@ RANGES: Mapping[str, Bound] = {
     "slurm.prolog_budget_s": POSITIVE_S,
     "sidecar.interval_s": Bound(1, DAY),  # the documented minimum is 1 s
     "sidecar.flush_every": Bound(1, 10_000),
+    "sidecar.job_dir_max_bytes": Bound(1 << 20, 1 << 40),
     "sidecar.job_check_interval_s": Bound(1, 30 * DAY),
     "sidecar.unseen_grace_s": Bound(1, 30 * DAY),
     "sidecar.hang_after_s": POSITIVE_S,
