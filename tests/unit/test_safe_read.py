@@ -78,7 +78,7 @@ def test_reads_a_regular_file_whole_or_its_tail(tmp_path: Path) -> None:
 def test_a_symlink_to_dev_zero_is_refused(tmp_path: Path) -> None:
     link = tmp_path / "summary.json"
     link.symlink_to("/dev/zero")
-    with pytest.raises(safe_read.Unsafe, match="cannot open .*symbolic links"):
+    with pytest.raises(safe_read.Unsafe, match=r"cannot open .*symbolic links"):
         safe_read.read_json(str(link), safe_read.SUMMARY_MAX)
     with pytest.raises(safe_read.Unsafe, match="is not a regular file"):
         safe_read.read_bytes("/dev/zero", 1 << 30)  # a device named directly
