@@ -99,6 +99,8 @@ RANGES: Mapping[str, Bound] = {
     "evidence.budget_s": POSITIVE_S,
     "evidence.nccl_tail_kib": Bound(0, 1 << 20),
     "evidence.nccl_max_files": Bound(0, 10_000),
+    "evidence.drop_max_files": Bound(0, 1000),
+    "evidence.drop_kib": Bound(0, 1 << 20),
     "evidence.output_tail_kib": Bound(0, 1 << 20),
     "evidence.kernel_margin_s": Bound(0, 30 * DAY),
     "evidence.summary_log_kib": Bound(0, 1 << 10),

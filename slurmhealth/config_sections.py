@@ -86,6 +86,14 @@ class EvidenceConfig:
     nccl_globs: list[str] = field(default_factory=lambda: ["{home}/nccl-logs/{job_id}/*.log"])
     nccl_tail_kib: int = 256  # last KiB kept of each NCCL file
     nccl_max_files: int = 32
+    # the job's user's drop folder (docs/threat-model.md): files a user wants in their bundle,
+    # copied in (their rights, regular files of theirs, bounded) as ``user/`` and marked
+    # "user-supplied" in the manifest; placeholders {job_id}, {user}, {home}; [] = none
+    drop_globs: list[str] = field(
+        default_factory=lambda: ["{home}/.slurmhealth/evidence/{job_id}/*"]
+    )
+    drop_max_files: int = 8
+    drop_kib: int = 256  # last KiB kept of each dropped file
     output_tail_kib: int = 64  # last KiB kept of the job's stdout / stderr
     kernel_margin_s: float = 300.0  # kernel-log lines from job start - margin to end + margin
     kernel_pattern: str = (

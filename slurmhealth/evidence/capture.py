@@ -10,11 +10,9 @@ every file with its sha256 in ``manifest.json`` and in the history's ``evidence`
 from __future__ import annotations
 
 import dataclasses
-import glob
 import hashlib
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -31,11 +29,11 @@ from slurmhealth.evidence.sources import (
     rdma_sources,
     run_command,
     tail_file,
-    tail_opened,
 )
 from slurmhealth.evidence.summary import write_summary
+from slurmhealth.evidence.user_files import UserFiles, copy_user_files
 from slurmhealth.model_records import Job
-from slurmhealth.user_open import Rights, open_paths
+from slurmhealth.user_open import Rights
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -43,7 +41,6 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA", "BundleResult", "capture", "write_summary"]
 
 SCHEMA = bundle.SCHEMA
-_SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.+-]")
 
 
 @dataclass(frozen=True)
@@ -101,19 +98,6 @@ class _Request:
         return None if self.job.uid is None else Rights.of(self.job.uid, self.job.user)
 
 
-def _home(user: str, uid: int | None) -> str:
-    import pwd
-
-    try:
-        if user:
-            return pwd.getpwnam(user).pw_dir
-        if uid is not None:
-            return pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        pass
-    return ""
-
-
 def _nvml(req: _Request, task: _Task, deadline: float) -> None:
     from slurmhealth.gpu import open_backend
 
@@ -156,39 +140,19 @@ def _kernel(req: _Request, task: _Task, deadline: float) -> None:
 
 
 def _nccl(req: _Request, task: _Task, deadline: float) -> None:
-    """The NCCL debug files, found and opened with the job's user's rights: a folder made
-    a symlink to one the user cannot read yields nothing (root lists nothing for them)."""
     ev = req.cfg.evidence
-    home = _home(req.job.user, req.job.uid)
-    values = {"{job_id}": req.job.job_id, "{user}": req.job.user, "{home}": home}
-    patterns: list[str] = []
-    for pattern in ev.nccl_globs:
-        if any(key in pattern and not value for key, value in values.items()):
-            continue  # e.g. {home} of an unknown user
-        for key, value in values.items():
-            pattern = pattern.replace(key, glob.escape(value))
-        patterns.append(pattern)
-    left = max(0.1, deadline - time.monotonic())
-    opened, note = open_paths(patterns, req.rights, max_files=ev.nccl_max_files + 1,
-                              timeout_s=left)  # fmt: skip
-    if note:
-        task.out().fail(note)
-    files = [o for o in opened if o.fd is not None]
-    if not files:
-        task.skip = "no NCCL debug file matched evidence.nccl_globs"
-        return
-    if len(files) > ev.nccl_max_files:
-        task.out().write(f"over {ev.nccl_max_files} files matched; first ones kept\n".encode())
-    for n, one in enumerate(files):
-        if n >= ev.nccl_max_files or time.monotonic() >= deadline:
-            if n < ev.nccl_max_files:
-                task.out().fail("no time left for the remaining NCCL files")
-            os.close(one.fd)  # type: ignore[arg-type]  # files holds opened ones only
-            continue
-        name = _SAFE_CHARS.sub("_", os.path.basename(one.path)).lstrip(".") or "log"
-        while f"nccl/{name}" in task.outputs:
-            name = f"_{name}"
-        tail_opened(one, task.out(f"nccl/{name}"), ev.nccl_tail_kib * 1024, req.job.uid)
+    spec = UserFiles("NCCL debug", "evidence.nccl_globs", ev.nccl_globs, "nccl",
+                     ev.nccl_max_files, ev.nccl_tail_kib * 1024)  # fmt: skip
+    copy_user_files(req.job, req.rights, task, deadline, spec)
+
+
+def _dropped(req: _Request, task: _Task, deadline: float) -> None:
+    """The job's drop folder (``evidence.drop_globs``): what the job's user chose to add,
+    copied into ``user/`` and marked ``user-supplied`` in the manifest."""
+    ev = req.cfg.evidence
+    spec = UserFiles("user-supplied", "evidence.drop_globs", ev.drop_globs, "user",
+                     ev.drop_max_files, ev.drop_kib * 1024)  # fmt: skip
+    copy_user_files(req.job, req.rights, task, deadline, spec)
 
 
 def _host(req: _Request, task: _Task, deadline: float) -> None:
@@ -246,6 +210,8 @@ def _plan(req: _Request, stdout_path: str | None, stderr_path: str | None,
         skipped["nvidia-smi"] = f"{ev.nvidia_smi} not found"
     add("kernel", "kernel.log", lambda t, d: _kernel(req, t, d))
     add("nccl", "nccl.txt", lambda t, d: _nccl(req, t, d))
+    if ev.drop_globs:
+        add("user-supplied", "user.txt", lambda t, d: _dropped(req, t, d))
     for source, path in (("stdout", stdout_path), ("stderr", stderr_path)):
         if not path:
             skipped[source] = "no path given"

@@ -73,6 +73,7 @@ def make_cfg(tmp_path: Path) -> Callable[..., Config]:
             "scontrol": scontrol,
             "nvidia_smi": smi,
             "nccl_globs": [str(tmp_path / "nccl" / "{job_id}" / "*.log")],
+            "drop_globs": [str(tmp_path / "drop" / "{job_id}" / "*")],
             **evidence,
         }
         text = f"""
@@ -174,6 +175,7 @@ def test_capture_writes_every_source_and_a_matching_manifest(
     start = time.time() - 60
     _prolog(cfg, start)
     _owned(tmp_path / "nccl" / JOB / "rank0.log", "NCCL WARN Call to ibv_poll_cq failed\n")
+    _owned(tmp_path / "drop" / JOB / "my notes.txt", "rank 3 saw the loss explode\n")
     out = _owned(tmp_path / "job.out", "step 100 loss 1.23\n")
     err = _owned(tmp_path / "job.err", "RuntimeError: CUDA error: unknown error\n")
     result = capture(
@@ -205,8 +207,12 @@ def test_capture_writes_every_source_and_a_matching_manifest(
         "slurm-job.txt",
         "slurm-node.txt",
         "host.txt",
+        "user/my_notes.txt",
     }
     assert not result.truncated and result.skipped == {"stacks": "no pids given"}
+    dropped = next(f for f in result.files if f["name"] == "user/my_notes.txt")
+    assert dropped["source"] == "user-supplied"  # the user's word, marked as such
+    assert (bundle / "user" / "my_notes.txt").read_text() == "rank 3 saw the loss explode\n"
     assert all(f["error"] is None for f in result.files), result.files
     manifest = _check_manifest(bundle, result.files)
     assert manifest["reason"] == "job failed" and manifest["job_id"] == JOB

@@ -147,17 +147,32 @@ def users_bundle(user: str, tmp_path: Path) -> Any:
     pw = pwd.getpwnam(user)
     top = Path(tempfile.mkdtemp(prefix="slurmhealth-attack-"))
     top.chmod(0o755)
+    home = top / "home"
     (top / "config.toml").write_text(
         f'[node]\nname = "n1"\n[paths]\ndb = "{top}/db/history.db"\n'
         f'evidence_dir = "{top}/evidence"\n[report]\naccounting = false\n'
         '[gpu]\nbackend = "sim"\n[kernel_log]\nsource = "none"\n'
+        f'[evidence]\nnccl_globs = ["{home}/nccl/{{job_id}}/*.log"]\n'
+        f'drop_globs = ["{home}/drop/{{job_id}}/*"]\ndrop_max_files = 8\ndrop_kib = 64\n'
     )
     cfg = load_config(str(top / "config.toml"), env={})
-    err = top / "home" / "job.err"
-    err.parent.mkdir()
+    secret = top / "secret"  # a root-only folder the NCCL folder is made a link to
+    secret.mkdir(mode=0o700)
+    (secret / "rank0.log").write_text("ROOT ONLY\n")
+    drop = home / "drop" / "77"
+    drop.mkdir(parents=True)
+    (home / "nccl").mkdir()
+    (home / "nccl" / "77").symlink_to(secret)
+    (drop / "a-link").symlink_to("/etc/shadow")
+    os.mkfifo(drop / "a-pipe")
+    (drop / "a-roots.txt").write_text("ROOT ONLY\n")  # root's file in the user's folder
+    for i in range(10):
+        (drop / f"f{i}.txt").write_bytes(b"u" * (300 << 10))
+    err = home / "job.err"
     err.write_text("RuntimeError: CUDA error\n")
-    os.chown(err.parent, pw.pw_uid, pw.pw_gid)
-    os.chown(err, pw.pw_uid, pw.pw_gid)
+    for path in (home, home / "nccl", home / "nccl" / "77", home / "drop", drop, err,
+                 drop / "a-link", drop / "a-pipe", *drop.glob("f*")):  # fmt: skip
+        os.chown(path, pw.pw_uid, pw.pw_gid, follow_symlinks=False)
     result = capture(cfg, "77", "n1", reason="job failed", user=user, uid=pw.pw_uid,
                      stderr_path=str(err), budget_s=5)  # fmt: skip
     write_summary(cfg, "77", "n1", uid=pw.pw_uid)
@@ -193,6 +208,25 @@ def test_nothing_in_the_evidence_dir_is_the_job_users_yet_they_read_it(
     report = json.loads(proc.stdout)
     assert [(s["node"], s["source"]) for s in report["sources"]] == [("n1", "summary")]
     assert not report["unreached"]  # the user's own report trusts root's summary
+
+
+@root_only
+def test_user_folders_are_read_with_the_users_rights_and_bounded(users_bundle: Any) -> None:
+    _top, bundle, _pw = users_bundle
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert not (bundle / "nccl").exists()  # the linked root-only folder listed nothing
+    assert "rank0" not in (bundle / "manifest.json").read_text()
+    assert manifest["skipped"]["nccl"] == "no NCCL debug file matched evidence.nccl_globs"
+    dropped = [e for e in manifest["files"] if e["name"].startswith("user/")]
+    assert dropped and all(e["source"] == "user-supplied" for e in dropped)
+    by_name = {e["name"]: e for e in dropped}
+    assert "user/a-link" not in by_name  # never followed, so never opened
+    assert "not a regular file" in by_name["user/a-pipe"]["error"]
+    assert "belongs to uid 0" in by_name["user/a-roots.txt"]["error"]
+    copied = [e for e in dropped if e["size"]]
+    assert len(dropped) <= 8 and copied  # drop_max_files
+    assert all(e["size"] == 64 << 10 and e["truncated"] for e in copied)  # drop_kib each
+    assert b"ROOT ONLY" not in b"".join(p.read_bytes() for p in (bundle / "user").iterdir())
 
 
 @root_only
