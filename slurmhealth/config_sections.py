@@ -67,6 +67,8 @@ class MetricsConfig:
     max_connections: int = 512  # open at once; at the cap the oldest unfinished one goes
     max_requests: int = 40  # requests answered at once (node_exporter's --web.max-requests)
     http_workers: int = 4  # threads answering them
+    # TLS and basic auth for /metrics: a web-config file in Prometheus' format ("" = none)
+    web_config_file: str = ""
 
 
 @dataclass(frozen=True, eq=False, repr=False)

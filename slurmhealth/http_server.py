@@ -21,8 +21,10 @@ import io
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
@@ -88,23 +90,38 @@ class _Prefixed(io.RawIOBase):
         return self._sock.recv_into(buf)
 
 
-class _HeadRead:
-    """Mixed in before the handler class: its request is (socket, the head already read)."""
+class _HeadRead(BaseHTTPRequestHandler):
+    """Mixed in before the handler class: its request is (socket, the head already read);
+    with basic auth configured, a request without the right credentials gets 401."""
 
     request: tuple[socket.socket, bytes]
+    server: BoundedServer  # type: ignore[assignment]
 
     def setup(self) -> None:
         sock, head = self.request
         self.connection = sock
         self.rfile = io.BufferedReader(_Prefixed(head, sock))
-        self.wfile = sock.makefile("wb", buffering=0)
+        self.wfile = sock.makefile("wb", buffering=0)  # type: ignore[assignment]
+
+    def parse_request(self) -> bool:
+        if not super().parse_request():
+            return False
+        auth = self.server.auth
+        if auth is None or auth(self.headers.get("Authorization")):
+            return True
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", 'Basic realm="slurmhealth"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+        return False
 
 
 class _Conn:
-    __slots__ = ("deadline", "head", "sock")
+    __slots__ = ("deadline", "head", "ready", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock, self.deadline, self.head = sock, deadline, bytearray()
+        self.ready = not isinstance(sock, ssl.SSLSocket)  # TLS: after its handshake
 
 
 class BoundedServer:
@@ -113,7 +130,12 @@ class BoundedServer:
     interface of ``socketserver``'s servers that the exporter uses)."""
 
     def __init__(
-        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: Limits
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        limits: Limits,
+        tls: ssl.SSLContext | None = None,
+        auth: Callable[[str | None], bool] | None = None,
     ) -> None:
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
@@ -127,7 +149,7 @@ class BoundedServer:
         self.socket.setblocking(False)
         self.server_address = self.socket.getsockname()
         self._handler = type(handler.__name__, (_HeadRead, handler), {})
-        self.limits = limits
+        self.limits, self.tls, self.auth = limits, tls, auth
         self.counts = Counts()
         self._pool = ThreadPoolExecutor(max(1, limits.workers), thread_name_prefix="http")
         self._inflight = threading.Semaphore(max(1, limits.max_requests))
@@ -171,6 +193,8 @@ class BoundedServer:
             if len(self._conns) >= self.limits.max_connections:
                 self._evict(sel)
             sock.setblocking(False)
+            if self.tls is not None:  # the handshake, too, within the head's deadline
+                sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             conn = _Conn(sock, time.monotonic() + self.limits.header_timeout_s)
             self._conns[sock] = conn
             self.counts.accepted += 1
@@ -179,22 +203,30 @@ class BoundedServer:
     def _evict(self, sel: selectors.BaseSelector) -> bool:
         if not self._conns:
             return False
-        self._close(sel, next(iter(self._conns.values())))
         self.counts.drop("evicted")
+        self._close(sel, next(iter(self._conns.values())))
         return True
 
     def _read(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
         try:
+            if not conn.ready:
+                conn.sock.do_handshake()  # type: ignore[attr-defined]  # an SSLSocket
+                conn.ready = True
+                sel.modify(conn.sock, selectors.EVENT_READ, conn)
             data = conn.sock.recv(16384)
-        except (BlockingIOError, InterruptedError):
+        except ssl.SSLWantWriteError:
+            sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+            return
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+            sel.modify(conn.sock, selectors.EVENT_READ, conn)
             return
         except OSError:
+            self.counts.drop("broken")  # counted before the peer sees the close
             self._close(sel, conn)
-            self.counts.drop("broken")
             return
         if not data:
+            self.counts.drop("closed")  # counted before the peer sees the close
             self._close(sel, conn)
-            self.counts.drop("closed")
             return
         conn.head += data
         if b"\r\n\r\n" in conn.head or b"\n\n" in conn.head or len(conn.head) > MAX_HEAD:
@@ -208,8 +240,8 @@ class BoundedServer:
             conn = next(iter(self._conns.values()))
             if conn.deadline > now:
                 return
+            self.counts.drop("timeout")  # counted before the peer sees the close
             self._close(sel, conn)
-            self.counts.drop("timeout")
 
     def _close(self, sel: selectors.BaseSelector, conn: _Conn) -> None:
         self._conns.pop(conn.sock, None)
@@ -221,8 +253,8 @@ class BoundedServer:
         if not self._inflight.acquire(blocking=False):
             with contextlib.suppress(OSError):
                 conn.sock.send(_BUSY)
-            conn.sock.close()
             self.counts.drop("overloaded")
+            conn.sock.close()
             return
         self._pool.submit(self._answer, conn.sock, bytes(conn.head), conn.deadline)
 
@@ -261,11 +293,16 @@ class _DroppedCollector(Collector):
 
 def listen(registry: CollectorRegistry, mc: MetricsConfig) -> BoundedServer:
     """The exporter's ``/metrics`` on ``metrics.bind``:``metrics.port`` within the
-    ``[metrics]`` limits, served from a daemon thread; its drops join ``registry``."""
+    ``[metrics]`` limits, with TLS and basic auth when ``metrics.web_config_file`` names a
+    web config (:mod:`slurmhealth.web_config`), served from a daemon thread; its drops
+    join ``registry``. Raises ConfigError for a web config that does not load."""
+    from slurmhealth import web_config
     from slurmhealth.exposition import metrics_handler
 
     limits = Limits(mc.header_timeout_s, mc.max_connections, mc.max_requests, mc.http_workers)
-    server = BoundedServer((mc.bind, mc.port), metrics_handler(registry), limits)
+    web = web_config.load(mc.web_config_file) if mc.web_config_file else web_config.WebConfig()
+    server = BoundedServer((mc.bind, mc.port), metrics_handler(registry), limits, web.tls,
+                           web_config.checker(web))  # fmt: skip
     registry.register(_DroppedCollector(server.counts))
     threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
     return server

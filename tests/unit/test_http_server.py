@@ -3,14 +3,19 @@ malformed requests, broken connections. A real server on a loopback port, real s
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import resource
+import shutil
 import socket
+import ssl
+import subprocess
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
@@ -120,3 +125,87 @@ def test_connections_reset_mid_request_leave_no_traceback(
     took, _body = _scrape(server)
     assert took < 2.0
     assert "Traceback" not in capfd.readouterr().err
+
+
+# -- TLS and basic auth from a Prometheus web-config file -------------------------------------
+
+
+@pytest.fixture
+def web_config(tmp_path: Path) -> Path:
+    bcrypt = pytest.importorskip("bcrypt")
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed (to make a test certificate)")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-keyout", str(tmp_path / "key.pem"),
+                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)  # fmt: skip
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode().replace("$2b$", "$2y$")
+    path = tmp_path / "web.yml"
+    path.write_text(
+        "tls_server_config:\n"
+        f"  cert_file: {tmp_path / 'cert.pem'}\n"
+        f"  key_file: {tmp_path / 'key.pem'}\n"
+        "basic_auth_users:\n"
+        f"  prometheus: '{hashed}'\n"
+    )
+    return path
+
+
+def _tls_get(srv: BoundedServer, cert: Path, auth: str | None) -> tuple[int, bytes]:
+    ctx = ssl.create_default_context(cafile=str(cert))
+    ctx.check_hostname = False
+    req = urllib.request.Request(_url(srv).replace("http:", "https:"))
+    if auth:
+        req.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, b""
+
+
+def test_tls_and_basic_auth_from_a_prometheus_web_config(web_config: Path) -> None:
+    registry = CollectorRegistry()
+    Gauge("slurmhealth_test_up", "a series to scrape", registry=registry).set(1)
+    mc = dataclasses.replace(MetricsConfig(), bind="127.0.0.1", port=0, header_timeout_s=0.5,
+                             web_config_file=str(web_config))  # fmt: skip
+    srv = listen(registry, mc)
+    cert = web_config.parent / "cert.pem"
+    try:
+        assert _tls_get(srv, cert, None)[0] == 401
+        assert _tls_get(srv, cert, "prometheus:wrong")[0] == 401
+        assert _tls_get(srv, cert, "mallory:s3cret")[0] == 401
+        status, body = _tls_get(srv, cert, "prometheus:s3cret")
+        assert status == 200 and b"slurmhealth_test_up 1.0" in body
+        assert _tls_get(srv, cert, "prometheus:s3cret")[0] == 200  # remembered: no bcrypt
+        with pytest.raises(OSError):  # plain HTTP on the TLS port gets nothing it can read
+            _scrape(srv)
+        s = socket.create_connection(("127.0.0.1", srv.server_address[1]), timeout=10)
+        with s:  # a connection that never starts its handshake goes at the head timeout
+            assert s.recv(100) == b""
+        assert srv.counts.snapshot().get("timeout", 0) >= 1
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("tls_server_config:\n  cert_file: /x\n  keyfile: /y\n", "tls_server_config.keyfile"),
+        ("basic_auth_user:\n  a: b\n", "basic_auth_user: unknown key"),
+        ("basic_auth_users:\n  prometheus: plain-text\n", "basic_auth_users.prometheus"),
+        ("tls_server_config:\n  cert_file: /nonexistent.pem\n  key_file: /x\n", "No such file"),
+    ],
+)
+def test_a_web_config_that_is_wrong_is_refused_with_its_key(
+    tmp_path: Path, text: str, error: str
+) -> None:
+    pytest.importorskip("yaml")
+    pytest.importorskip("bcrypt")
+    from slurmhealth import web_config
+    from slurmhealth.errors import ConfigError
+
+    path = tmp_path / "web.yml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=error):
+        web_config.load(str(path))
