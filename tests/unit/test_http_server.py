@@ -135,9 +135,10 @@ def web_config(tmp_path: Path) -> Path:
     bcrypt = pytest.importorskip("bcrypt")
     if shutil.which("openssl") is None:
         pytest.skip("openssl not installed (to make a test certificate)")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-keyout", str(tmp_path / "key.pem"),
-                    "-out", str(tmp_path / "cert.pem")], check=True, capture_output=True)  # fmt: skip
+    key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
+    argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+            "/CN=localhost", "-keyout", key, "-out", cert]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True)
     hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(4)).decode().replace("$2b$", "$2y$")
     path = tmp_path / "web.yml"
     path.write_text(
