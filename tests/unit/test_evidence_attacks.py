@@ -22,7 +22,7 @@ import pytest
 
 from slurmhealth.config import load_config
 from slurmhealth.evidence.summary import write_summary
-from tests.unit.test_report import build, make_cluster
+from tests.unit.test_report import _invoke, build, make_cluster
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
 
@@ -75,6 +75,9 @@ def test_forged_utilisation_is_tampered_and_the_history_is_used(cluster: Path) -
     assert report.sources[0][:2] == ("n1", "history")
     assert [g.util_mean for g in report.nodes[0].gpus] == [95.0 - i for i in range(8)]
     assert _tampered(report) == ["tampered: its sha256 differs from the manifest's; not used"]
+    if os.getuid() == 0:  # job 42 is root's: the terminal report says it too
+        out = _invoke(cluster, "42").output
+        assert "not used:" in out and "tampered: its sha256 differs" in out, out
 
 
 @root_only
