@@ -257,6 +257,8 @@ def node_evidence(cfg: Config, job_id: str, nf: NodeFacts, source: str) -> NodeE
     data = _read_json(manifest) if os.path.exists(manifest) else None
     entries: Any = data.get("files", data.get("entries")) if isinstance(data, dict) else data
     for item in entries if isinstance(entries, list) else []:
+        if isinstance(item, dict) and item.get("name") == "summary.json":
+            continue  # listed for its sha256; shown as the node's summary
         entry = _file_entry(item if isinstance(item, dict) else {"path": item}, folder)
         files.setdefault(str(entry["path"]), entry)
     bundle = nf.bundle_dir or (folder if os.path.isdir(folder) else None)
