@@ -210,3 +210,34 @@ def test_a_web_config_that_is_wrong_is_refused_with_its_key(
     path.write_text(text)
     with pytest.raises(ConfigError, match=error):
         web_config.load(str(path))
+
+
+def test_requests_beyond_max_requests_get_503_and_are_counted() -> None:
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
+
+    release, entered = threading.Event(), threading.Event()
+
+    class Slow(Collector):
+        def collect(self) -> Iterator[GaugeMetricFamily]:
+            entered.set()
+            release.wait(30)
+            yield GaugeMetricFamily("slurmhealth_test_slow", "a scrape that takes its time", 1)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Slow())
+    mc = dataclasses.replace(MetricsConfig(), bind="127.0.0.1", port=0, max_requests=1)
+    srv = listen(registry, mc)
+    first = threading.Thread(target=_scrape, args=(srv,), daemon=True)
+    try:
+        first.start()
+        assert entered.wait(10)
+        with pytest.raises(urllib.error.HTTPError) as busy:
+            _scrape(srv)
+        assert busy.value.code == 503
+        assert srv.counts.snapshot() == {"overloaded": 1}
+    finally:
+        release.set()
+        first.join(10)
+        srv.shutdown()
+        srv.server_close()
