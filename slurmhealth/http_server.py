@@ -251,9 +251,9 @@ class BoundedServer:
 
     def _dispatch(self, conn: _Conn) -> None:
         if not self._inflight.acquire(blocking=False):
+            self.counts.drop("overloaded")  # counted before the peer sees the answer
             with contextlib.suppress(OSError):
                 conn.sock.send(_BUSY)
-            self.counts.drop("overloaded")
             conn.sock.close()
             return
         self._pool.submit(self._answer, conn.sock, bytes(conn.head), conn.deadline)
