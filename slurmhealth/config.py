@@ -120,6 +120,8 @@ class SidecarConfig:
     # saves a checkpoint, pauses its steps for a while without hanging
     stall_min_s: float = 300.0
     stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
+    # the job's step folder on /run (RAM): a tmpfs of this size (else the reader's sweep)
+    job_dir_max_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, eq=False, repr=False)

@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slurmhealth import safe_read
+
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start a sidecar
     from prometheus_client.core import Metric
 
@@ -182,20 +184,9 @@ class Limits:
 
 
 def _read_one(path: str, limits: Limits) -> dict[str, Any] | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None  # gone since listdir, or a symlink
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            return None
-        if st.st_size > limits.max_bytes:
-            return None
-        raw = fh.read(limits.max_bytes + 1)
-    try:
-        doc = json.loads(raw)
-    except ValueError:
+    try:  # gone since listdir, a symlink, not ours, over the limit, not JSON: skipped
+        doc = safe_read.read_json(path, limits.max_bytes, uid=os.geteuid())
+    except safe_read.Unsafe:
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return None
