@@ -60,6 +60,9 @@ class Adapters:
     slurm: SlurmBackend
     open_gpu: Callable[[float], GpuBackend]
     history: History
+    # the epilog's after-work (hooks/finish.py) given its journal entry: the real hooks
+    # detach it; None runs it here, before the epilog returns
+    finish: Callable[[str], object] | None = None
 
 
 def _drain_candidates(findings: tuple[Finding, ...]) -> list[Finding]:
@@ -148,7 +151,7 @@ def run_hook(
         # the jobs row on a node without history yet is still recorded by _skip
         bound_db_wait(adapters.history, budget.bound(DB_WAIT_S))
         return _skip(cfg, adapters.history, job, phase, row)
-    if phase == "epilog":  # first: its final samples belong before the epilog's check
+    if phase == "epilog":  # first: it flushes while the epilog checks (waited for later)
         _sidecar(cfg, job, phase, 0)
     try:
         judged = check_within(cfg, adapters.history, adapters.open_gpu, job, phase, budget)
@@ -176,8 +179,12 @@ def run_hook(
             _prolog_bench(cfg, job, result.snapshot)
         budget.enter("sidecar")
         _sidecar(cfg, job, phase, exit_code)
+        if exit_code == 0 and cfg.sidecar.enabled:
+            from slurmhealth.hooks.finish import record_start
+
+            record_start(cfg, job, result.snapshot)
     else:
-        _evidence(cfg, job, adapters.slurm, result.findings, outcome)
+        _after(cfg, job, adapters, _evidence_why(job, result.findings, outcome), result.snapshot)
     budget.enter("done")
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
 
@@ -229,6 +236,37 @@ def _fail_open(
     return HookResult(0, job, "failopen", run_id=run_id)
 
 
+def _evidence_why(job: Job, findings: tuple[Finding, ...], outcome: DrainOutcome | None) -> str:
+    """The epilog's evidence decision: why a full bundle ("" for none, unless the sidecar
+    recorded events: the after-work looks once the sidecar has flushed)."""
+    if job.failed:
+        return "job failed"
+    if outcome or any(f.severity >= Severity.WARN for f in findings):
+        return "findings or events during the job"
+    return ""
+
+
+def _after(
+    cfg: Config, job: Job, adapters: Adapters, why: str, snapshot: NodeSnapshot | None
+) -> None:
+    """Journal what is left after the decision (hooks/finish.py) and hand it on: the
+    epilog returns without waiting for the sidecar, the evidence or the AdminComment."""
+    from slurmhealth.hooks.finish import finish, journal
+
+    try:
+        path = journal(cfg, job, why, snapshot)
+    except OSError as exc:  # no journal (a full /run): do it now rather than lose it
+        log.warning("after-work not journaled (%s): done before the epilog returns", exc)
+        from slurmhealth.hooks.finish import evidence
+
+        evidence(cfg, job, adapters.slurm, why)
+        return
+    if adapters.finish is not None:
+        adapters.finish(path)
+    else:
+        log.debug("%s", finish(cfg, path, adapters.slurm))
+
+
 def _killed_before(cfg: Config, job: Job, phase: str) -> list[tuple[str, dict[str, Any]]]:
     """Earlier prologs of this node that the wrapper killed (hooks/inflight.py)."""
     if phase != "prolog":
@@ -276,65 +314,11 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
         log.warning("prolog bandwidth test: %s", "; ".join(outcome.problems) or outcome.skipped)
 
 
-def _job_had_events(cfg: Config, job: Job) -> bool:
-    from slurmhealth.history.read import Reader, StoreError, job_had_events
-
-    try:
-        with Reader(cfg.db_path(job.node)) as db:
-            return job_had_events(db, job.job_id)
-    except StoreError:
-        return False
-
-
-def _evidence(
-    cfg: Config,
-    job: Job,
-    slurm: SlurmBackend,
-    findings: tuple[Finding, ...],
-    outcome: DrainOutcome | None,
-) -> None:
-    """The epilog keeps the proof: a full bundle when the job failed or anything was
-    noticed, and always the node's summary.json for `slurmhealth report`. Never fails."""
-    from slurmhealth.evidence.capture import capture
-    from slurmhealth.evidence.summary import write_summary
-
-    bundle_dir = None
-    try:
-        noticed = [f for f in findings if f.severity >= Severity.WARN]
-        if job.failed or noticed or outcome or _job_had_events(cfg, job):
-            why = "job failed" if job.failed else "findings or events during the job"
-            record = slurm.show_job(job.job_id)
-            result = capture(
-                cfg,
-                job.job_id,
-                job.node,
-                reason=why,
-                gpus=job.gpus,
-                user=job.user,
-                uid=job.uid,
-                end_ts=time.time(),
-                stdout_path=record.get("StdOut") or None,
-                stderr_path=record.get("StdErr") or None,
-                budget_s=cfg.evidence.budget_s,
-            )
-            bundle_dir = result.dir
-            log.info("evidence: %s (%d files, %.2f s)", result.dir, len(result.files),
-                     result.elapsed_s)  # fmt: skip
-        written = write_summary(cfg, job.job_id, job.node, bundle_dir=bundle_dir, uid=job.uid)
-    except Exception as exc:  # evidence is best effort: the epilog's verdict stands
-        log.warning("evidence capture failed: %s: %s", type(exc).__name__, exc)
-        return
-    if cfg.sidecar.enabled:  # the job's stats, for a report made later from Prometheus
-        from slurmhealth.sidecar.lifecycle import publish_final
-
-        publish_final(cfg, job, written.summary["gpus"])
-
-
 def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
     """The prolog starts the job's sidecar when the job will run; the epilog stops it."""
     if not cfg.sidecar.enabled:
         return
-    from slurmhealth.sidecar.lifecycle import start_sidecar, stop_sidecar
+    from slurmhealth.sidecar.lifecycle import signal_sidecar, start_sidecar
 
     if phase == "prolog" and exit_code == 0:
         pid = start_sidecar(cfg, job)
@@ -345,7 +329,7 @@ def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
                 os.setpriority(os.PRIO_PROCESS, pid, 0)
         log.debug("sidecar started: pid %s", pid)
     elif phase == "epilog":
-        log.debug("%s", stop_sidecar(cfg, job.node, job.job_id))
+        log.debug("%s", signal_sidecar(cfg, job.node, job.job_id))
 
 
 def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
@@ -353,8 +337,8 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     and the node's history."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
-    from slurmhealth.history.retention import prune_quietly
     from slurmhealth.hooks.budget import prolog_budget
+    from slurmhealth.hooks.finish import detach
     from slurmhealth.hooks.inflight import InFlight
     from slurmhealth.slurm import open_slurm
 
@@ -370,11 +354,11 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
         gpu = dataclasses.replace(cfg.gpu, snapshot_timeout_s=timeout_s)
         return open_backend(dataclasses.replace(cfg, gpu=gpu))
 
+    # the epilog's after-work (evidence, summary, retention, AdminComment) runs detached
+    adapters = Adapters(slurm, open_gpu, history, detach if phase == "epilog" else None)
     try:
-        return run_hook(cfg, job, env, phase, Adapters(slurm, open_gpu, history), budget)
+        return run_hook(cfg, job, env, phase, adapters, budget)
     finally:
-        if phase == "epilog":  # retention, bounded: after the verdict, never before a job
-            prune_quietly(history, cfg)
         history.close()
         if marker is not None:
             marker.done()

@@ -154,6 +154,27 @@ def _read_pid(path: str) -> int:
         return 0
 
 
+def _sidecar_pids(cfg: Config, node: str, job_id: str) -> tuple[int, list[int]]:
+    """The pid file's pid and every live sidecar of the job on this node."""
+    files = SidecarFiles.of(cfg, node, job_id)
+    pid = _read_pid(files.pid)
+    pids = set(job_sidecars(job_id, files.run_dir))
+    if pid and _is_our_sidecar(pid, job_id):
+        pids.add(pid)
+    return pid, sorted(pids)
+
+
+def signal_sidecar(cfg: Config, node: str, job_id: str) -> str:
+    """The epilog's part: SIGTERM the job's sidecars and return at once; they flush while
+    the epilog decides, and the after-work (hooks/finish.py) waits for them with
+    :func:`stop_sidecar`."""
+    _pid, pids = _sidecar_pids(cfg, node, job_id)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    return f"SIGTERM to sidecar {','.join(map(str, pids))}" if pids else "no live sidecar"
+
+
 def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     """Stop every sidecar of the job on this node (its pid file's, and any other the
     prolog started here: :func:`job_sidecars`): SIGTERM, ``stop_grace_s`` for the final
@@ -161,12 +182,9 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     series at its next scrape. A pid file without its process is a dead sidecar: recorded
     as a ``sidecar_died`` event. Returns what happened, for the log."""
     files = SidecarFiles.of(cfg, node, job_id)
-    pid = _read_pid(files.pid)
-    pids = set(job_sidecars(job_id, files.run_dir))
-    if pid and _is_our_sidecar(pid, job_id):
-        pids.add(pid)
+    pid, pids = _sidecar_pids(cfg, node, job_id)
     if pids:
-        outcome = _terminate(sorted(pids), job_id, cfg.sidecar.stop_grace_s)
+        outcome = _terminate(pids, job_id, cfg.sidecar.stop_grace_s)
     elif pid:
         outcome = f"sidecar {pid} died before the epilog"
         _record_death(cfg, node, job_id, pid)

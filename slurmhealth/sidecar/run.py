@@ -80,6 +80,7 @@ class Sidecar:
         self._publish_failed = False
         self._history: History | None = None
         self._why_stopped = "job gone"
+        self._sampling = False  # a SIGTERM before the first sample ends the process at once
         self._rdma_state: Any = None  # the judged ports last read; False: reading failed
         self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
         from slurmhealth.metrics import SidecarCollector
@@ -172,6 +173,11 @@ class Sidecar:
         def stop(signum: int, _frame: object) -> None:
             self._why_stopped = signal.Signals(signum).name
             self._stop.set()
+            if not self._sampling:  # still starting: nothing to flush, end at once
+                with contextlib.suppress(Exception):
+                    self.cleanup()
+                    os.write(2, f"{who} stopped while starting ({self._why_stopped})\n".encode())
+                os._exit(0)
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, stop)
@@ -194,7 +200,13 @@ class Sidecar:
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
+        if self._stop.is_set():  # SIGTERM while starting (a job shorter than the start)
+            return
         backend = self._open_and_announce()
+        if self._stop.is_set():
+            self.cleanup()
+            backend.close()
+            return
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         rdma = self._rdma_watch()
@@ -208,6 +220,7 @@ class Sidecar:
         next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
         intervals = 0
         last_steps = -1
+        self._sampling = True
         try:
             while not self._stop.is_set():
                 t0 = time.monotonic()
@@ -241,8 +254,10 @@ class Sidecar:
                         break
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
         finally:
-            # within the epilog's grace: a busy database leaves the rows in the spool
-            self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
+            # within the epilog's grace: a busy database leaves the rows in the spool (a
+            # sidecar stopped before its first sample has nothing to flush)
+            if intervals or self._pending_samples or self._pending_events:
+                self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
             self.cleanup()
             backend.close()
 
