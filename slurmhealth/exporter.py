@@ -22,6 +22,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -127,9 +128,11 @@ def write_textfile(directory: str, body: bytes) -> None:
     write_atomic(directory, TEXTFILE, body, mode=0o644)
 
 
-def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None) -> int:
+def run(
+    watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None, agent: bool = False
+) -> int:
     """Serve until SIGTERM (or ``stop``); ``once``: write the textfile (or print the
-    exposition) once and return."""
+    exposition) once and return. ``agent``: also be the node agent (slurmhealth.agent)."""
     registry = registry_for(watch.current)
     cfg, _ = watch.current()
     mc = cfg.metrics
@@ -144,6 +147,7 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
     stop = stop or StopFlag()
     stop.on_signals(signal.SIGTERM, signal.SIGINT)
     server = serve(registry, mc.bind, [mc.port]) if mc.port else None
+    node_agent = _start_agent(watch) if agent else None
     log.info("exporter for node %s: port %s, textfile dir %r", cfg.node_name,
              mc.port or "none", textfile)  # fmt: skip
     try:
@@ -155,6 +159,8 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
                     log.warning("%s/%s not written: %s", textfile, TEXTFILE, exc)
             stop.wait(mc.textfile_interval_s if textfile else 3600.0)
     finally:
+        if node_agent is not None:
+            node_agent.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -162,3 +168,15 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(textfile, TEXTFILE))
     return 0
+
+
+def _start_agent(watch: ConfigWatch) -> Any:
+    """The node agent beside the endpoint; None when it cannot serve (logged)."""
+    from slurmhealth.agent.server import Agent
+
+    node_agent = Agent(watch.current)
+    try:
+        return node_agent if node_agent.start() else None
+    except OSError as exc:
+        log.error("node agent not started: %s (the hooks check in-process)", exc)
+        return None

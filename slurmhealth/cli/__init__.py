@@ -7,8 +7,34 @@ drains), ``nodes`` (nodes, resume), ``config``, ``report``, ``baseline`` (baseli
 validate), ``evidence``, ``incident``, ``xid``, ``exporter``. Shared options live in
 ``options``, tables and JSON output in ``render``. A new command is a module here plus one
 line in ``app.COMMANDS``.
+
+``slurmhealth prolog`` and ``slurmhealth epilog`` (as Slurm runs them: no other argument)
+ask the node agent first, importing the standard library only (slurmhealth.agent.client);
+click and the rest load only when the hook falls back to running in-process.
 """
 
-from slurmhealth.cli.app import cli, main
+from __future__ import annotations
+
+import sys
+from typing import Any
 
 __all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["prolog"], ["epilog"]):
+        from slurmhealth.agent.client import hook_main
+
+        hook_main(args[0])  # returns only when the hook runs in-process
+    from slurmhealth.cli.app import main as app_main
+
+    app_main(argv)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "cli":
+        from slurmhealth.cli.app import cli
+
+        return cli
+    raise AttributeError(name)

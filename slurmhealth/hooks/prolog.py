@@ -63,6 +63,9 @@ class Adapters:
     # the epilog's after-work (hooks/finish.py) given its journal entry: the real hooks
     # detach it; None runs it here, before the epilog returns
     finish: Callable[[str], object] | None = None
+    # starts the job's sidecar (None: sidecar/lifecycle.py's start_sidecar); the node agent
+    # hands the start to the prolog's client instead
+    start_sidecar: Callable[[Config, Job], int | None] | None = None
 
 
 def _drain_candidates(findings: tuple[Finding, ...]) -> list[Finding]:
@@ -156,7 +159,7 @@ def run_hook(
     try:
         judged = check_within(cfg, adapters.history, adapters.open_gpu, job, phase, budget)
     except (BudgetSpent, SchemaTooNew) as spent:
-        return _fail_open(cfg, adapters.history, job, phase, row, budget, spent)
+        return _fail_open(cfg, adapters, job, phase, row, budget, spent)
     result = judged.result
     candidates = _drain_candidates(result.findings)
     outcome = None
@@ -178,7 +181,7 @@ def run_hook(
         if exit_code == 0 and budget.left() > cfg.baseline.prolog_bench_timeout_s:
             _prolog_bench(cfg, job, result.snapshot)
         budget.enter("sidecar")
-        _sidecar(cfg, job, phase, exit_code)
+        _sidecar(cfg, job, phase, exit_code, adapters.start_sidecar)
         if exit_code == 0 and cfg.sidecar.enabled:
             from slurmhealth.hooks.finish import record_start
 
@@ -191,7 +194,7 @@ def run_hook(
 
 def _fail_open(
     cfg: Config,
-    history: History,
+    adapters: Adapters,
     job: Job,
     phase: str,
     row: dict[str, Any],
@@ -202,6 +205,7 @@ def _fail_open(
     ``failopen`` check run says where and why, in the history or, when the history does
     not answer at once, in the spool the next run ingests."""
     run_id = os.urandom(16).hex()
+    history = adapters.history
     log.log(
         logging.ERROR if isinstance(spent, SchemaTooNew) else logging.WARNING,
         "failing open: %s",
@@ -232,7 +236,7 @@ def _fail_open(
         row,
     )
     if phase == "prolog":
-        _sidecar(cfg, job, phase, 0)
+        _sidecar(cfg, job, phase, 0, adapters.start_sidecar)
     return HookResult(0, job, "failopen", run_id=run_id)
 
 
@@ -314,14 +318,21 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
         log.warning("prolog bandwidth test: %s", "; ".join(outcome.problems) or outcome.skipped)
 
 
-def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
-    """The prolog starts the job's sidecar when the job will run; the epilog stops it."""
+def _sidecar(
+    cfg: Config,
+    job: Job,
+    phase: str,
+    exit_code: int,
+    starter: Callable[[Config, Job], int | None] | None = None,
+) -> None:
+    """The prolog starts the job's sidecar when the job will run; the epilog signals it
+    (the after-work waits for it)."""
     if not cfg.sidecar.enabled:
         return
     from slurmhealth.sidecar.lifecycle import signal_sidecar, start_sidecar
 
     if phase == "prolog" and exit_code == 0:
-        pid = start_sidecar(cfg, job)
+        pid = (starter or start_sidecar)(cfg, job)
         if pid is not None and os.getpriority(os.PRIO_PROCESS, 0) < 0:
             # the wrapper put the prolog ahead of the node's other work; the sidecar runs
             # beside the job, not ahead of it (nor of the next burst's prologs)

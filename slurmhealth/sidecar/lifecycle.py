@@ -36,19 +36,30 @@ KILL_WAIT_S = 0.5  # after SIGKILL, for the process to be gone
 EXEC_WAIT_S = 1.0  # after the start, for its command line to show
 
 
+def sidecar_launch(cfg: Config, job: Job) -> dict[str, Any]:
+    """Make the job's task-metrics channel and say how to start its sidecar: ``cmd``, the
+    ``env`` to add, the ``pid_file`` (the node agent hands this to the prolog's client,
+    which starts it in slurmd's session, not the agent's service). Raises OSError."""
+    files = SidecarFiles.of(cfg, job.node, job.job_id)
+    os.makedirs(files.job_dir, mode=0o700, exist_ok=True)  # the task-metrics channel
+    if job.uid is not None:
+        os.chown(files.job_dir, job.uid, -1)
+    cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
+    if job.gpus:
+        cmd += ["--gpus", ",".join(map(str, job.gpus))]
+    env = {LABELS_ENV: json.dumps(asdict(job)), RUN_DIR_ENV: files.run_dir}
+    return {"cmd": cmd, "env": env, "pid_file": files.pid, "job_id": job.job_id}
+
+
 def start_sidecar(cfg: Config, job: Job) -> int | None:
     """Launch ``slurmhealth sidecar`` in its own session, outliving the prolog (DESIGN.md
     section 4: verified with proctrack/linuxproc). Returns its pid; never raises."""
     files = SidecarFiles.of(cfg, job.node, job.job_id)
     try:
-        os.makedirs(files.job_dir, mode=0o700, exist_ok=True)  # the task-metrics channel
-        if job.uid is not None:
-            os.chown(files.job_dir, job.uid, -1)
+        launch = sidecar_launch(cfg, job)
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
-        env = {**os.environ, LABELS_ENV: json.dumps(asdict(job)), RUN_DIR_ENV: files.run_dir}
-        cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
-        if job.gpus:
-            cmd += ["--gpus", ",".join(map(str, job.gpus))]
+        env = {**os.environ, **launch["env"]}
+        cmd = launch["cmd"]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 cmd,
