@@ -80,7 +80,7 @@ class Sidecar:
         self._publish_failed = False
         self._history: History | None = None
         self._why_stopped = "job gone"
-        self._sampling = False  # a SIGTERM before the first sample ends the process at once
+        self._sampling = False  # a SIGTERM before the first snapshot ends the process at once
         self._rdma_state: Any = None  # the judged ports last read; False: reading failed
         self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
         from slurmhealth.metrics import SidecarCollector
@@ -220,11 +220,11 @@ class Sidecar:
         next_job_check = time.monotonic() + self.cfg.sidecar.job_check_interval_s
         intervals = 0
         last_steps = -1
-        self._sampling = True
         try:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 snapshot = backend.snapshot(self.gpus)
+                self._sampling = True  # from here a SIGTERM waits for the final flush
                 events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
                 klog_read = klog.read_new(cursor, time.time())
                 cursor = klog_read.cursor
