@@ -209,7 +209,7 @@ def _settle() -> None:
 def _processes(nhc: Path, samples: int, agents: Agents) -> dict[str, list[float]]:
     """The prolog (with, without the agent) and NHC as whole processes, interleaved."""
     agents.start()
-    nhc_cmd = [str(nhc / "nhc"), "-D", str(nhc / "scripts"), "-c", str(NHC_CONF), "-l", "-",
+    nhc_cmd = [str(nhc / "nhc"), "-D", str(nhc), "-c", str(NHC_CONF), "-l", "-",
                "NHC_RM=slurm", "MARK_OFFLINE=0"]  # fmt: skip
     out: dict[str, list[float]] = {"prolog, agent": [], "prolog, no agent": [], "nhc": []}
     for i in range(samples):
@@ -228,8 +228,23 @@ def _processes(nhc: Path, samples: int, agents: Agents) -> dict[str, list[float]
     return out
 
 
+def _agent_reads(node: str) -> int:
+    """The NVML reads the node's agent made so far (its ``ping``)."""
+    import socket
+
+    from slurmhealth.agent import protocol
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(STATE / "nodes" / node / "run" / "agent.sock"))
+        protocol.send(sock, {"op": "ping"})
+        reader = protocol.LineReader(sock)
+        reader.read(time.monotonic() + 10)
+        return int(reader.read(time.monotonic() + 10)["snapshots"])
+
+
 def _burst(agents: Agents, n: int = 16) -> str:
     agents.start()
+    reads_before = _agent_reads("n1")
     fail_log = STATE / "nodes" / "n1" / "fail-open.log"
     before = fail_log.read_text().count("\n") if fail_log.exists() else 0
     agent_log = STATE / "log" / "agent.n1.log"
@@ -246,11 +261,12 @@ def _burst(agents: Agents, n: int = 16) -> str:
     with open(agent_log, "rb") as fh:
         fh.seek(log_before)
         text = fh.read().decode(errors="replace")
-    reads = set(re.findall(r"snapshot #(\d+) \(new", text))
+    shared = sorted(set(re.findall(r"judged on NVML snapshot #(\d+)", text)))
     fell_back = sum("node agent not used" in err for _, err in results)
     return (f"{n} prologs at once on n1: exit codes {sorted({rc for rc, _ in results})}, "
-            f"{after - before} fail-opens, {fell_back} fell back, NVML reads {len(reads)} "
-            f"(#{', #'.join(sorted(reads))})")  # fmt: skip
+            f"{after - before} fail-opens, {fell_back} fell back, NVML reads by the agent "
+            f"{_agent_reads('n1') - reads_before} (agent log: judged on snapshot(s) "
+            f"#{', #'.join(shared)})")  # fmt: skip
 
 
 def _med(xs: list[float]) -> float:
