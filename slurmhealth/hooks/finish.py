@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slurmhealth.hooks")
 VERSION = 1
+ADMIN_COMMENT_TIMEOUT_S = 30.0  # the sacctmgr call, detached
 _NAME = re.compile(r"([0-9]{1,12}(?:[_+][0-9]{1,12})?)\.([A-Za-z0-9._-]{1,64})\.json")
 
 
@@ -271,6 +272,8 @@ def _admin_comment(cfg: Config, job: Job, slurm: SlurmBackend, wait_s: float | N
     if not cfg.report.admin_comment or not isinstance(slurm, SlurmCli):
         return ""
     env = {"SLURM_JOB_ID": job.job_id, "SLURM_JOB_NODELIST": job.nodes or job.node}
+    if slurm.timeout_s < ADMIN_COMMENT_TIMEOUT_S:  # off the job's path: slurmdbd may be slow
+        slurm = SlurmCli(ADMIN_COMMENT_TIMEOUT_S)
     try:
         result = run_ctld_epilog(cfg, env, slurm, WAIT_S if wait_s is None else wait_s)
     except Exception as exc:  # fail open, loudly

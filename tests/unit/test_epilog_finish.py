@@ -122,7 +122,7 @@ def test_the_epilog_journals_and_the_after_work_writes_the_evidence(tmp_path: Pa
 
 class _Sacctmgr(SlurmCli):
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(timeout_s=60.0)
         self.ran: list[Sequence[str]] = []
 
     def _run(self, argv: Sequence[str], time_format: str = "standard") -> str:
