@@ -202,3 +202,49 @@ def test_kill_9_of_the_agent_during_a_prolog_still_decides_within_the_budget(
     assert took < cfg.slurm.prolog_budget_s + 1.0  # the in-process fallback kept the budget
     runs = [r for r in _runs(tmp_path) if r["job_id"] == str(BASE + 4)]
     assert [r["status"] for r in runs] == ["ok"]  # decided (GPUs 0,1: healthy), not failopen
+
+
+class _Squeue:
+    """A Slurm backend whose node listing is what ``squeue -h -w NODE -o FORMAT`` printed."""
+
+    def __init__(self, out: str) -> None:
+        self.out = out
+        self.calls: list[str] = []
+
+    def jobs_on_node(self, node: str) -> dict[str, Any]:
+        from slurmhealth.slurm import parse_node_jobs
+
+        self.calls.append(f"squeue -w {node}")
+        return parse_node_jobs(self.out)
+
+    def job(self, job_id: str) -> None:
+        self.calls.append(f"squeue -j {job_id}")
+
+
+def test_a_burst_of_prologs_on_slurm_22_05_shares_one_squeue_of_the_node() -> None:
+    from slurmhealth.agent.views import NodeJobs
+
+    out = "".join(f"{100 + k}|alice|acct{k}|gpu|normal|10|n1|CONFIGURING|\n" for k in range(16))
+    slurm = _Squeue(out)
+    jobs = NodeJobs()
+    arrived = time.monotonic()
+    views = [jobs.view(slurm, "n1", arrived) for _ in range(16)]  # type: ignore[arg-type]
+    found = [v.job(str(100 + k)) for k, v in enumerate(views)]
+    assert [f.account for f in found if f is not None] == [f"acct{k}" for k in range(16)]
+    assert slurm.calls == ["squeue -w n1"]  # one Slurm call for the sixteen jobs
+    # a prolog that arrives after that listing began needs a new one: its job may be new
+    later = jobs.view(slurm, "n1", time.monotonic())  # type: ignore[arg-type]
+    later.job("100")
+    assert slurm.calls == ["squeue -w n1", "squeue -w n1"]
+
+
+def test_a_comment_that_fakes_another_jobs_line_makes_both_ask_alone() -> None:
+    from slurmhealth.agent.views import NodeJobs
+
+    # job 7's comment holds a newline and a line for job 8 with the opt-out token
+    forged = "7|eve|a|gpu|normal|10|n1|RUNNING|x\n8|alice|a|gpu|normal|1|n1|R|slurmhealth=off\n"
+    real = "8|alice|acct|gpu|normal|10|n1|CONFIGURING|\n"
+    slurm = _Squeue(forged + real)
+    view = NodeJobs().view(slurm, "n1", time.monotonic())  # type: ignore[arg-type]
+    assert view.job("8") is None  # listed twice: not trusted, asked for alone
+    assert slurm.calls == ["squeue -w n1", "squeue -j 8"]
