@@ -248,3 +248,21 @@ def test_a_comment_that_fakes_another_jobs_line_makes_both_ask_alone() -> None:
     view = NodeJobs().view(slurm, "n1", time.monotonic())  # type: ignore[arg-type]
     assert view.job("8") is None  # listed twice: not trusted, asked for alone
     assert slurm.calls == ["squeue -w n1", "squeue -j 8"]
+
+
+def test_the_prologs_happy_path_imports_only_the_standard_library(
+    agent: tuple[Agent, Config, Path],
+) -> None:
+    _running, _cfg, config = agent
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmhealth", "prolog"],
+                          env=_env(config, 5), capture_output=True, text=True,
+                          timeout=DEADLINE_S)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "(node agent)" in proc.stderr and "node agent not used" not in proc.stderr
+    lines = [ln.rsplit("|", 1)[-1].strip() for ln in proc.stderr.splitlines()
+             if ln.startswith("import time:")]  # fmt: skip
+    imported = {name.split(".")[0] for name in lines}
+    assert not imported & {"click", "rich", "pynvml", "prometheus_client", "sqlite3"}
+    ours = {name for name in lines if name.startswith("slurmhealth")}
+    assert ours <= {"slurmhealth", "slurmhealth.cli", "slurmhealth.agent",
+                    "slurmhealth.agent.protocol", "slurmhealth.agent.client"}  # fmt: skip
