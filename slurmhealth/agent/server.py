@@ -31,7 +31,8 @@ from slurmhealth.agent.views import MAX_AGE_S, NodeJobs, SharedGpu
 from slurmhealth.config import Config
 
 log = logging.getLogger("slurmhealth.agent")
-MAX_CLIENTS = 64  # hooks answered at once; more are refused (their clients fall back)
+MAX_CLIENTS = 64  # hooks connected at once; more are refused (their clients fall back)
+WORKERS = 4  # hooks decided at once; the others wait, acknowledged, for a turn
 REQUEST_S = 2.0  # to read a request once connected
 
 
@@ -76,6 +77,9 @@ class Agent:
         self._path = ""
         self._stopping = threading.Event()
         self._slots = threading.BoundedSemaphore(MAX_CLIENTS)
+        # the ack goes out before a hook waits for a turn: a burst's clients all hear from
+        # the agent within the ack bound, however long the queue of decisions
+        self._work = threading.BoundedSemaphore(WORKERS)
         self._finish: queue.Queue[str | None] = queue.Queue()
         self._gpu = SharedGpu(max_age_s=snapshot_max_age_s)
         self._jobs = NodeJobs()
@@ -193,7 +197,8 @@ class Agent:
         env = {str(k): str(v) for k, v in env.items()}
         budget_s = cfg.slurm.prolog_budget_s + 1.0 if op == "prolog" else 60.0
         protocol.send(conn, {"ack": True, "answer_within_s": budget_s})
-        protocol.send(conn, self._hook(cfg, op, env))
+        with self._work:
+            protocol.send(conn, self._hook(cfg, op, env))
 
     # -- the hooks -----------------------------------------------------------------------
     def _hook(self, cfg: Config, op: str, env: Mapping[str, str]) -> dict[str, Any]:

@@ -179,10 +179,13 @@ def signal_sidecar(cfg: Config, node: str, job_id: str) -> str:
     """The epilog's part: SIGTERM the job's sidecars and return at once; they flush while
     the epilog decides, and the after-work (hooks/finish.py) waits for them with
     :func:`stop_sidecar`."""
-    _pid, pids = _sidecar_pids(cfg, node, job_id)
-    for pid in pids:
+    pid, pids = _sidecar_pids(cfg, node, job_id)
+    for each in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(each, signal.SIGTERM)
+    if pid in pids:  # ended by us, not dead: stop_sidecar still finds it by its environment
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SidecarFiles.of(cfg, node, job_id).pid)
     return f"SIGTERM to sidecar {','.join(map(str, pids))}" if pids else "no live sidecar"
 
 
