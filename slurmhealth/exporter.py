@@ -56,6 +56,10 @@ class ConfigWatch:
         self._at = -1e18
         self._lock = threading.Lock()
 
+    def load(self) -> Config:
+        """The config as it loads now (raises ConfigError), for the agent's hooks."""
+        return self._load()
+
     def current(self) -> tuple[Config, bool]:
         with self._lock:
             if time.monotonic() - self._at >= self._every:
@@ -174,7 +178,7 @@ def _start_agent(watch: ConfigWatch) -> Any:
     """The node agent beside the endpoint; None when it cannot serve (logged)."""
     from slurmhealth.agent.server import Agent
 
-    node_agent = Agent(watch.current)
+    node_agent = Agent(watch.current, load=watch.load)
     try:
         return node_agent if node_agent.start() else None
     except OSError as exc:

@@ -70,9 +70,15 @@ class Agent:
     :meth:`stop`. ``configs`` gives the current config (the exporter's ConfigWatch)."""
 
     def __init__(
-        self, configs: Callable[[], tuple[Config, bool]], snapshot_max_age_s: float = MAX_AGE_S
+        self,
+        configs: Callable[[], tuple[Config, bool]],
+        snapshot_max_age_s: float = MAX_AGE_S,
+        load: Callable[[], Config] | None = None,
     ) -> None:
         self._configs = configs
+        # a hook's config, read for it as the in-process hook would (a typo saved a second
+        # ago fails the hook open, and counts, as before): ConfigError when it does not load
+        self._load = load
         self._sock: socket.socket | None = None
         self._path = ""
         self._stopping = threading.Event()
@@ -191,7 +197,14 @@ class Agent:
             protocol.send(conn, {"error": "too late: the hook has fallen back"})
             return
         cfg, valid = self._configs()
-        if not valid:
+        if self._load is not None:
+            from slurmhealth.errors import ConfigError
+
+            try:
+                cfg = self._load()
+            except ConfigError:
+                valid = False
+        if not valid:  # the in-process hook says why, and fails open
             protocol.send(conn, {"error": "the config does not load"})
             return
         env = {str(k): str(v) for k, v in env.items()}

@@ -38,7 +38,9 @@ def _gpu_key(cfg: Config) -> tuple[Any, ...]:
     if cfg.gpu.backend == "sim" and cfg.gpu.sim_scenario:
         with contextlib.suppress(OSError):
             mtime = os.stat(cfg.gpu.sim_scenario).st_mtime
-    return (cfg.node_name, cfg.gpu, cfg.paths.run_dir, mtime)
+    # by value: every config load makes new (identity-compared) section objects
+    return (cfg.node_name, repr(sorted(dataclasses.asdict(cfg.gpu).items())),
+            cfg.paths.run_dir, mtime)  # fmt: skip
 
 
 class SharedGpu:

@@ -289,7 +289,8 @@ def entries(cfg: Config, node: str) -> list[str]:
     """The node's journal entries, oldest first."""
     directory = pending_dir(cfg, node)
     try:
-        names = [n for n in os.listdir(directory) if _NAME.fullmatch(n)]
+        names = [n for n in os.listdir(directory)
+                 if _NAME.fullmatch(n) and not n.endswith(".start.json")]  # fmt: skip
     except OSError:
         return []
 

@@ -266,3 +266,43 @@ def test_the_prologs_happy_path_imports_only_the_standard_library(
     ours = {name for name in lines if name.startswith("slurmhealth")}
     assert ours <= {"slurmhealth", "slurmhealth.cli", "slurmhealth.agent",
                     "slurmhealth.agent.protocol", "slurmhealth.agent.client"}  # fmt: skip
+
+
+def test_the_gpu_library_stays_open_across_config_reloads_and_reopens_on_a_change(
+    tmp_path: Path,
+) -> None:
+    from slurmhealth.agent.views import SharedGpu
+
+    config = _config(tmp_path)
+    opened: list[str] = []
+
+    def opener(cfg: Config) -> Any:
+        from slurmhealth.gpu import open_backend
+
+        opened.append(cfg.gpu.sim_scenario)
+        return open_backend(cfg)
+
+    shared = SharedGpu(opener, max_age_s=0.0)
+    for _ in range(3):  # a fresh load each time, as the agent reads one per hook
+        shared.snapshot(load_config(str(config), env={}), "1", [0], fresh=True)
+    assert len(opened) == 1 and shared.taken == 3
+    config.write_text(config.read_text().replace("healthy.toml", "gpu-lost.toml"))
+    shared.snapshot(load_config(str(config), env={}), "1", [0], fresh=True)
+    assert len(opened) == 2 and opened[-1].endswith("gpu-lost.toml")
+    shared.close()
+
+
+def test_a_config_that_stops_loading_sends_the_hook_in_process_to_fail_open(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    cfg = load_config(str(config), env={})
+    running = Agent(lambda: (cfg, True), load=lambda: load_config(str(config), env={}))
+    assert running.start()
+    try:
+        config.write_text(config.read_text() + "\n[gpu\n")  # a typo saved just now
+        with pytest.raises(client.Unavailable, match="the config does not load"):
+            client.ask(running.path, "prolog", _env(config, 6))
+    finally:
+        running.stop()
+    assert _runs(tmp_path) == []  # the agent judged nothing with the config of before
