@@ -66,7 +66,8 @@ fail_open_log = "{self.dir / "fail-open.log"}"
 """)
         bin_path = self.dir / "slurmhealth"
         bin_path.write_text(
-            f'#!/bin/sh\nPYTHONPATH={tree} exec {sys.executable} -m slurmhealth "$@"\n'
+            f"#!/bin/sh\nPYTHONPATH={tree}\nexport PYTHONPATH\n"
+            f'exec {sys.executable} -m slurmhealth "$@"\n'
         )
         bin_path.chmod(0o755)
         self.env_file = self.dir / "env"
