@@ -58,15 +58,14 @@ run_dir = "{self.dir / "run"}"
 evidence_dir = "{self.dir / "evidence"}"
 [sidecar]
 interval_s = 1.0
-[report]
-admin_comment = false
+{"[report]" + chr(10) + "admin_comment = false" if tree == REPO else ""}
 [metrics]
 port = 0
 fail_open_log = "{self.dir / "fail-open.log"}"
 """)
         bin_path = self.dir / "slurmhealth"
         bin_path.write_text(
-            f"#!/bin/sh\nPYTHONPATH={tree}\nexport PYTHONPATH\n"
+            f"#!/bin/sh\ncd /\nPYTHONPATH={tree}\nexport PYTHONPATH\n"  # (-m: the cwd first)
             f'exec {sys.executable} -m slurmhealth "$@"\n'
         )
         bin_path.chmod(0o755)

@@ -37,7 +37,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = Path("/etc/slurm/slurm.conf")
 STATE = Path(os.environ.get("SLURMHEALTH_CLUSTER_DIR", "/var/tmp/slurmhealth-cluster"))
 ENV_FILE = Path("/etc/default/slurmhealth")
 NODES = ("n1", "n2", "n3")
@@ -64,7 +63,8 @@ def _wait_idle(node: str, timeout: float = 60.0) -> float:
     t0 = time.perf_counter()
     while _state(node) != "idle":
         if time.perf_counter() - t0 > timeout:
-            raise SystemExit(f"{node} did not come back idle: {_state(node)}")
+            jobs = _run(["squeue", "-h", "-w", node, "-o", "%i %u %T"]).stdout.strip()
+            raise SystemExit(f"{node} did not come back idle: {_state(node)}; jobs: {jobs}")
         time.sleep(0.01)
     return time.perf_counter() - t0
 
@@ -78,18 +78,10 @@ def _srun(node: str) -> float:
 
 
 def _hooks(on: bool) -> None:
-    """Prolog/Epilog in slurm.conf or not (reconfigure; EpilogSlurmctld is in neither)."""
-    text = CONF.read_text()
-    lines = [ln for ln in text.splitlines(keepends=True) if not re.match(r"(Prolog|Epilog)=", ln)]
-    if on:
-        wrappers = STATE / "install" / "usr" / "lib" / "slurmhealth"
-        lines.append(f"Prolog={wrappers}/slurmhealth-prolog\n")
-        lines.append(f"Epilog={wrappers}/slurmhealth-epilog\n")
-    new = "".join(lines)
-    if new != text:
-        CONF.write_text(new)
-        _run(["scontrol", "reconfigure"])
-        time.sleep(1.0)
+    """Prolog/Epilog in slurm.conf or not, as the cluster recipe writes it (EpilogSlurmctld
+    is in neither), at Slurm's default scheduler parameters."""
+    _cluster_up(SLURMHEALTH_CLUSTER_SCHED="default",
+                SLURMHEALTH_CLUSTER_HOOKS="" if on else "none")  # fmt: skip
     for node in NODES:
         _wait_idle(node)
 
