@@ -181,11 +181,7 @@ def run_hook(
         if exit_code == 0 and budget.left() > cfg.baseline.prolog_bench_timeout_s:
             _prolog_bench(cfg, job, result.snapshot)
         budget.enter("sidecar")
-        _sidecar(cfg, job, phase, exit_code, adapters.start_sidecar)
-        if exit_code == 0 and cfg.sidecar.enabled:
-            from slurmhealth.hooks.finish import record_start
-
-            record_start(cfg, job, result.snapshot)
+        _sidecar(cfg, job, phase, exit_code, adapters.start_sidecar, result.snapshot)
     else:
         _after(cfg, job, adapters, _evidence_why(job, result.findings, outcome), result.snapshot)
     budget.enter("done")
@@ -324,9 +320,11 @@ def _sidecar(
     phase: str,
     exit_code: int,
     starter: Callable[[Config, Job], int | None] | None = None,
+    snapshot: NodeSnapshot | None = None,
 ) -> None:
-    """The prolog starts the job's sidecar when the job will run; the epilog signals it
-    (the after-work waits for it)."""
+    """The prolog starts the job's sidecar when the job will run (and keeps its
+    ``snapshot`` for a job too short for the sidecar); the epilog signals it (the
+    after-work waits for it)."""
     if not cfg.sidecar.enabled:
         return
     from slurmhealth.sidecar.lifecycle import signal_sidecar, start_sidecar
@@ -339,6 +337,10 @@ def _sidecar(
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, pid, 0)
         log.debug("sidecar started: pid %s", pid)
+        if snapshot is not None:
+            from slurmhealth.hooks.finish import record_start
+
+            record_start(cfg, job, snapshot)
     elif phase == "epilog":
         log.debug("%s", signal_sidecar(cfg, job.node, job.job_id))
 

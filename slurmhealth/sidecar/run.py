@@ -200,13 +200,7 @@ class Sidecar:
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
-        if self._stop.is_set():  # SIGTERM while starting (a job shorter than the start)
-            return
-        backend = self._open_and_announce()
-        if self._stop.is_set():
-            self.cleanup()
-            backend.close()
-            return
+        backend = self._open_and_announce()  # (a SIGTERM until the first snapshot: exit)
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         rdma = self._rdma_watch()
