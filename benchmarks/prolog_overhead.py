@@ -59,13 +59,14 @@ def _state(node: str) -> str:
 
 
 def _wait_idle(node: str, timeout: float = 60.0) -> float:
-    """Seconds until ``node`` shows idle (polled every 10 ms)."""
+    """Seconds until ``node`` shows idle (polled every 50 ms: a faster sinfo loop floods
+    slurmctld, and a node then stayed completing for a minute)."""
     t0 = time.perf_counter()
     while _state(node) != "idle":
         if time.perf_counter() - t0 > timeout:
             jobs = _run(["squeue", "-h", "-w", node, "-o", "%i %u %T"]).stdout.strip()
             raise SystemExit(f"{node} did not come back idle: {_state(node)}; jobs: {jobs}")
-        time.sleep(0.01)
+        time.sleep(0.05)
     return time.perf_counter() - t0
 
 
