@@ -58,7 +58,7 @@ def _state(node: str) -> str:
     return _run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
 
 
-def _wait_idle(node: str, timeout: float = 60.0) -> float:
+def _wait_idle(node: str, timeout: float = 240.0) -> float:
     """Seconds until ``node`` shows idle (polled every 50 ms: a faster sinfo loop floods
     slurmctld, and a node then stayed completing for a minute)."""
     t0 = time.perf_counter()
