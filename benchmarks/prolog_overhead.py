@@ -81,8 +81,16 @@ def _srun(node: str) -> float:
 def _hooks(on: bool) -> None:
     """Prolog/Epilog in slurm.conf or not, as the cluster recipe writes it (EpilogSlurmctld
     is in neither), at Slurm's default scheduler parameters."""
-    _cluster_up(SLURMHEALTH_CLUSTER_SCHED="default",
-                SLURMHEALTH_CLUSTER_HOOKS="" if on else "none")  # fmt: skip
+    env = {
+        "SLURMHEALTH_CLUSTER_SCHED": "default",
+        "SLURMHEALTH_CLUSTER_HOOKS": "" if on else "none",
+    }
+    if _run(["grep", "-q", "^Prolog=", "/etc/slurm/slurm.conf"]).returncode != (0 if on else 1):
+        # a reconfigure that adds or drops Prolog/Epilog left the next job's node completing
+        # until the next reconfigure (22.05, several slurmd on one host): restart the daemons
+        _cluster_up(**env)
+        _run([str(REPO / "scripts" / "cluster"), "down"])
+    _cluster_up(**env)
     for node in NODES:
         _wait_idle(node)
 
