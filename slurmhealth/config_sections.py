@@ -146,6 +146,10 @@ class ReportConfig:
     # ask Slurm accounting (sacct, the AdminComment summary, sacctmgr's node events) for a
     # job no node history or evidence summary reaches
     accounting: bool = True
+    # the job's first node stores the job's summary in its AdminComment (`sacctmgr modify
+    # job`, slurmdbd) after its epilog, detached: no EpilogSlurmctld needed. false: only
+    # `slurmhealth ctld-epilog` (EpilogSlurmctld) stores it, or nothing without accounting
+    admin_comment: bool = True
 
 
 @dataclass(frozen=True, eq=False, repr=False)

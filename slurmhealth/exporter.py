@@ -22,6 +22,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
@@ -55,6 +56,10 @@ class ConfigWatch:
         self._valid = True
         self._at = -1e18
         self._lock = threading.Lock()
+
+    def load(self) -> Config:
+        """The config as it loads now (raises ConfigError), for the agent's hooks."""
+        return self._load()
 
     def current(self) -> tuple[Config, bool]:
         with self._lock:
@@ -128,9 +133,11 @@ def write_textfile(directory: str, body: bytes) -> None:
     write_atomic(directory, TEXTFILE, body, mode=0o644)
 
 
-def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None) -> int:
+def run(
+    watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None, agent: bool = False
+) -> int:
     """Serve until SIGTERM (or ``stop``); ``once``: write the textfile (or print the
-    exposition) once and return."""
+    exposition) once and return. ``agent``: also be the node agent (slurmhealth.agent)."""
     registry = registry_for(watch.current)
     cfg, _ = watch.current()
     mc = cfg.metrics
@@ -145,6 +152,7 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
     stop = stop or StopFlag()
     stop.on_signals(signal.SIGTERM, signal.SIGINT)
     server = listen(registry, mc) if mc.port else None  # bounded: slurmhealth/http_server.py
+    node_agent = _start_agent(watch) if agent else None
     log.info("exporter for node %s: port %s, textfile dir %r", cfg.node_name,
              mc.port or "none", textfile)  # fmt: skip
     try:
@@ -156,6 +164,8 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
                     log.warning("%s/%s not written: %s", textfile, TEXTFILE, exc)
             stop.wait(mc.textfile_interval_s if textfile else 3600.0)
     finally:
+        if node_agent is not None:
+            node_agent.stop()
         if server is not None:
             server.shutdown()
             server.server_close()
@@ -163,3 +173,15 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(textfile, TEXTFILE))
     return 0
+
+
+def _start_agent(watch: ConfigWatch) -> Any:
+    """The node agent beside the endpoint; None when it cannot serve (logged)."""
+    from slurmhealth.agent.server import Agent
+
+    node_agent = Agent(watch.current, load=watch.load)
+    try:
+        return node_agent if node_agent.start() else None
+    except OSError as exc:
+        log.error("node agent not started: %s (the hooks check in-process)", exc)
+        return None

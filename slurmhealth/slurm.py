@@ -154,6 +154,12 @@ class SlurmCli:
             raise
         return parse_job_line(job_id, out)
 
+    def jobs_on_node(self, node: str) -> dict[str, JobInfo]:
+        """Every job ``squeue`` lists on ``node``, in one call (the node agent's view, for
+        the prologs of all of them); a job listed twice (a comment can hold a newline that
+        fakes a line) is left out, so its prolog asks for it alone."""
+        return parse_node_jobs(self._run(["squeue", "-h", "-w", node, "-o", NODE_JOBS_FORMAT]))
+
     # -- accounting (slurmdbd): parsed in slurm_acct.py -------------------------------------
 
     def accounting_job(self, job_id: str) -> AcctJob | None:
@@ -215,6 +221,7 @@ class SlurmCli:
 
 SINFO_FORMAT = "%N|%T|%H|%u|%E"
 SQUEUE_FORMAT = "%u|%a|%P|%q|%Q|%N|%T|%k"  # the comment last: it may hold "|"
+NODE_JOBS_FORMAT = "%i|" + SQUEUE_FORMAT  # every job of a node, one line each
 # `scontrol show job -o`: one line of Key=Value; values may hold spaces (Comment, paths),
 # so the line is split before each " Key=" (a comment may fake one: see parse_show_job)
 _KEY = r"[A-Za-z][A-Za-z0-9:/_]*"
@@ -261,6 +268,19 @@ def parse_show_job(out: str) -> dict[str, str]:
             twice.add(key)
         record[key] = null(value)
     return {k: v for k, v in record.items() if k not in twice}
+
+
+def parse_node_jobs(out: str) -> dict[str, JobInfo]:
+    """``squeue -h -w NODE -o NODE_JOBS_FORMAT`` output by job id; lines of another shape
+    and job ids listed more than once are left out."""
+    found: dict[str, JobInfo | None] = {}
+    for line in out.splitlines():
+        job_id, sep, rest = line.partition("|")
+        if not sep or not re.fullmatch(r"[0-9]{1,12}(?:_[0-9]{1,12})?", job_id):
+            continue
+        info = parse_job_line(job_id, rest)
+        found[job_id] = None if job_id in found else info
+    return {k: v for k, v in found.items() if v is not None}
 
 
 def parse_job_line(job_id: str, out: str) -> JobInfo | None:

@@ -8,8 +8,34 @@ validate), ``evidence``, ``incident``, ``xid``, ``exporter``. Shared options liv
 ``options``, tables and JSON output in ``render``, each command's ``--help`` examples in
 ``examples``, the once-per-run warnings in ``once``. A new command is a module here plus one
 line in ``app.COMMANDS`` (and its example in ``examples.EXAMPLES``).
+
+``slurmhealth prolog`` and ``slurmhealth epilog`` (as Slurm runs them: no other argument)
+ask the node agent first, importing the standard library only (slurmhealth.agent.client);
+click and the rest load only when the hook falls back to running in-process.
 """
 
-from slurmhealth.cli.app import cli, main
+from __future__ import annotations
+
+import sys
+from typing import Any
 
 __all__ = ["cli", "main"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args in (["prolog"], ["epilog"]):
+        from slurmhealth.agent.client import hook_main
+
+        hook_main(args[0])  # returns only when the hook runs in-process
+    from slurmhealth.cli.app import main as app_main
+
+    app_main(argv)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "cli":
+        from slurmhealth.cli.app import cli
+
+        return cli
+    raise AttributeError(name)

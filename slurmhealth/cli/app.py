@@ -40,6 +40,7 @@ COMMANDS: Mapping[str, str] = {
     "sidecar": "hooks:sidecar",
     "healthcheck": "hooks:healthcheck",
     "ctld-epilog": "hooks:ctld_epilog",
+    "epilog-finish": "hooks:epilog_finish",
     "report": "report:report",
     "baseline": "baseline:baseline",
     "validate": "baseline:validate",

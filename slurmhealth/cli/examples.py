@@ -67,6 +67,7 @@ EXAMPLES: Mapping[str, tuple[str, ...]] = {
     "config show": ("slurmhealth config show           # every key, its value and source",),
     "config check": ("slurmhealth --config site.toml config check",),
     "install": ("slurmhealth install --dry-run     # what would go where",),
+    "epilog-finish": ("slurmhealth epilog-finish           # finish after-work a crash left",),
     "sweep show": (
         "slurmhealth sweep show               # the sweeps stored on this node",
         "slurmhealth sweep show 20261202-1530 --html sweep.html",

@@ -4,6 +4,7 @@ names the job and the node (it ends up in slurmd's log)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -195,4 +196,33 @@ def ctld_epilog(ctx: Ctx) -> None:
         hook_log.info("job summary stored in AdminComment (%d characters)", result.chars)
     else:
         hook_log.error("no job summary stored: %s", result.why)
+    sys.exit(0)
+
+
+@click.command("epilog-finish")
+@click.argument("entries", nargs=-1)
+@pass_ctx
+def epilog_finish(ctx: Ctx, entries: tuple[str, ...]) -> None:
+    """The epilog's after-work, detached from it: wait for the sidecar's final flush, the
+    evidence bundle and summary.json, retention, and on the job's first node the job's
+    summary in its AdminComment. ENTRY: a journal entry the epilog wrote in the run dir;
+    none: every entry of this node no live worker holds (after a crash). Always exits 0.
+    """
+    from slurmhealth.hooks.finish import finish, finish_pending
+
+    with contextlib.suppress(OSError):
+        os.nice(10)  # behind the node's next prolog and job
+    job = os.path.basename(entries[0]).split(".")[0] if entries else "pending"
+    os.environ["SLURM_JOB_ID"] = job
+    _hook_setup("epilog-finish")
+    hook_log = logging.getLogger("slurmhealth.hooks")
+    try:
+        cfg = ctx.config()
+        for path in entries:
+            hook_log.info("%s", finish(cfg, path) or "done")
+        for path, what in finish_pending(cfg, cfg.node_name).items():  # a dead worker's
+            hook_log.info("%s: %s", os.path.basename(path), what)
+    except Exception as exc:  # fail open, loudly: the job's verdict is already out
+        hook_log.error("%s: %s; the entry stays for the next agent start",
+                       type(exc).__name__, exc, exc_info=ctx.debug)  # fmt: skip
     sys.exit(0)

@@ -60,6 +60,12 @@ class Adapters:
     slurm: SlurmBackend
     open_gpu: Callable[[float], GpuBackend]
     history: History
+    # the epilog's after-work (hooks/finish.py) given its journal entry: the real hooks
+    # detach it; None runs it here, before the epilog returns
+    finish: Callable[[str], object] | None = None
+    # starts the job's sidecar (None: sidecar/lifecycle.py's start_sidecar); the node agent
+    # hands the start to the prolog's client instead
+    start_sidecar: Callable[[Config, Job], int | None] | None = None
 
 
 def _drain_candidates(findings: tuple[Finding, ...]) -> list[Finding]:
@@ -148,12 +154,12 @@ def run_hook(
         # the jobs row on a node without history yet is still recorded by _skip
         bound_db_wait(adapters.history, budget.bound(DB_WAIT_S))
         return _skip(cfg, adapters.history, job, phase, row)
-    if phase == "epilog":  # first: its final samples belong before the epilog's check
+    if phase == "epilog":  # first: it flushes while the epilog checks (waited for later)
         _sidecar(cfg, job, phase, 0)
     try:
         judged = check_within(cfg, adapters.history, adapters.open_gpu, job, phase, budget)
     except (BudgetSpent, SchemaTooNew) as spent:
-        return _fail_open(cfg, adapters.history, job, phase, row, budget, spent)
+        return _fail_open(cfg, adapters, job, phase, row, budget, spent)
     result = judged.result
     if judged.mig is not None:  # a MIG job: its parent GPUs and instances (hooks/gpu_scope.py)
         job = dataclasses.replace(job, gpus=judged.mig[0] or (), mig=judged.mig[1])
@@ -177,16 +183,16 @@ def run_hook(
         if exit_code == 0 and budget.left() > cfg.baseline.prolog_bench_timeout_s:
             _prolog_bench(cfg, job, result.snapshot)
         budget.enter("sidecar")
-        _sidecar(cfg, job, phase, exit_code)
+        _sidecar(cfg, job, phase, exit_code, adapters.start_sidecar, result.snapshot)
     else:
-        _evidence(cfg, job, adapters.slurm, result.findings, outcome)
+        _after(cfg, job, adapters, _evidence_why(job, result.findings, outcome), result.snapshot)
     budget.enter("done")
     return HookResult(exit_code, job, result.status, outcome, result.findings, result.run_id)
 
 
 def _fail_open(
     cfg: Config,
-    history: History,
+    adapters: Adapters,
     job: Job,
     phase: str,
     row: dict[str, Any],
@@ -197,6 +203,7 @@ def _fail_open(
     ``failopen`` check run says where and why, in the history or, when the history does
     not answer at once, in the spool the next run ingests."""
     run_id = os.urandom(16).hex()
+    history = adapters.history
     log.log(
         logging.ERROR if isinstance(spent, SchemaTooNew) else logging.WARNING,
         "failing open: %s",
@@ -227,8 +234,39 @@ def _fail_open(
         row,
     )
     if phase == "prolog":
-        _sidecar(cfg, job, phase, 0)
+        _sidecar(cfg, job, phase, 0, adapters.start_sidecar)
     return HookResult(0, job, "failopen", run_id=run_id)
+
+
+def _evidence_why(job: Job, findings: tuple[Finding, ...], outcome: DrainOutcome | None) -> str:
+    """The epilog's evidence decision: why a full bundle ("" for none, unless the sidecar
+    recorded events: the after-work looks once the sidecar has flushed)."""
+    if job.failed:
+        return "job failed"
+    if outcome or any(f.severity >= Severity.WARN for f in findings):
+        return "findings or events during the job"
+    return ""
+
+
+def _after(
+    cfg: Config, job: Job, adapters: Adapters, why: str, snapshot: NodeSnapshot | None
+) -> None:
+    """Journal what is left after the decision (hooks/finish.py) and hand it on: the
+    epilog returns without waiting for the sidecar, the evidence or the AdminComment."""
+    from slurmhealth.hooks.finish import finish, journal
+
+    try:
+        path = journal(cfg, job, why, snapshot)
+    except OSError as exc:  # no journal (a full /run): do it now rather than lose it
+        log.warning("after-work not journaled (%s): done before the epilog returns", exc)
+        from slurmhealth.hooks.finish import evidence
+
+        evidence(cfg, job, adapters.slurm, why)
+        return
+    if adapters.finish is not None:
+        adapters.finish(path)
+    else:
+        log.debug("%s", finish(cfg, path, adapters.slurm))
 
 
 def _killed_before(cfg: Config, job: Job, phase: str) -> list[tuple[str, dict[str, Any]]]:
@@ -278,76 +316,35 @@ def _prolog_bench(cfg: Config, job: Job, snapshot: NodeSnapshot) -> None:
         log.warning("prolog bandwidth test: %s", "; ".join(outcome.problems) or outcome.skipped)
 
 
-def _job_had_events(cfg: Config, job: Job) -> bool:
-    from slurmhealth.history.read import Reader, StoreError, job_had_events
-
-    try:
-        with Reader(cfg.db_path(job.node)) as db:
-            return job_had_events(db, job.job_id)
-    except StoreError:
-        return False
-
-
-def _evidence(
+def _sidecar(
     cfg: Config,
     job: Job,
-    slurm: SlurmBackend,
-    findings: tuple[Finding, ...],
-    outcome: DrainOutcome | None,
+    phase: str,
+    exit_code: int,
+    starter: Callable[[Config, Job], int | None] | None = None,
+    snapshot: NodeSnapshot | None = None,
 ) -> None:
-    """The epilog keeps the proof: a full bundle when the job failed or anything was
-    noticed, and always the node's summary.json for `slurmhealth report`. Never fails."""
-    from slurmhealth.evidence.capture import capture
-    from slurmhealth.evidence.summary import write_summary
-
-    bundle_dir = None
-    try:
-        noticed = [f for f in findings if f.severity >= Severity.WARN]
-        if job.failed or noticed or outcome or _job_had_events(cfg, job):
-            why = "job failed" if job.failed else "findings or events during the job"
-            record = slurm.show_job(job.job_id)
-            result = capture(
-                cfg,
-                job.job_id,
-                job.node,
-                reason=why,
-                gpus=job.gpus,
-                user=job.user,
-                uid=job.uid,
-                end_ts=time.time(),
-                stdout_path=record.get("StdOut") or None,
-                stderr_path=record.get("StdErr") or None,
-                budget_s=cfg.evidence.budget_s,
-            )
-            bundle_dir = result.dir
-            log.info("evidence: %s (%d files, %.2f s)", result.dir, len(result.files),
-                     result.elapsed_s)  # fmt: skip
-        written = write_summary(cfg, job.job_id, job.node, bundle_dir=bundle_dir, uid=job.uid)
-    except Exception as exc:  # evidence is best effort: the epilog's verdict stands
-        log.warning("evidence capture failed: %s: %s", type(exc).__name__, exc)
-        return
-    if cfg.sidecar.enabled:  # the job's stats, for a report made later from Prometheus
-        from slurmhealth.sidecar.lifecycle import publish_final
-
-        publish_final(cfg, job, written.summary["gpus"])
-
-
-def _sidecar(cfg: Config, job: Job, phase: str, exit_code: int) -> None:
-    """The prolog starts the job's sidecar when the job will run; the epilog stops it."""
+    """The prolog starts the job's sidecar when the job will run (and keeps its
+    ``snapshot`` for a job too short for the sidecar); the epilog signals it (the
+    after-work waits for it)."""
     if not cfg.sidecar.enabled:
         return
-    from slurmhealth.sidecar.lifecycle import start_sidecar, stop_sidecar
+    from slurmhealth.sidecar.lifecycle import signal_sidecar, start_sidecar
 
     if phase == "prolog" and exit_code == 0:
-        pid = start_sidecar(cfg, job)
+        pid = (starter or start_sidecar)(cfg, job)
         if pid is not None and os.getpriority(os.PRIO_PROCESS, 0) < 0:
             # the wrapper put the prolog ahead of the node's other work; the sidecar runs
             # beside the job, not ahead of it (nor of the next burst's prologs)
             with contextlib.suppress(OSError):
                 os.setpriority(os.PRIO_PROCESS, pid, 0)
         log.debug("sidecar started: pid %s", pid)
+        if snapshot is not None:
+            from slurmhealth.hooks.finish import record_start
+
+            record_start(cfg, job, snapshot)
     elif phase == "epilog":
-        log.debug("%s", stop_sidecar(cfg, job.node, job.job_id))
+        log.debug("%s", signal_sidecar(cfg, job.node, job.job_id))
 
 
 def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
@@ -355,8 +352,8 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
     and the node's history."""
     from slurmhealth.gpu import open_backend
     from slurmhealth.history import History
-    from slurmhealth.history.retention import prune_quietly
     from slurmhealth.hooks.budget import prolog_budget
+    from slurmhealth.hooks.finish import detach
     from slurmhealth.hooks.inflight import InFlight
     from slurmhealth.slurm import open_slurm
 
@@ -372,11 +369,11 @@ def _wired(cfg: Config, env: Mapping[str, str], phase: str) -> HookResult:
         gpu = dataclasses.replace(cfg.gpu, snapshot_timeout_s=timeout_s)
         return open_backend(dataclasses.replace(cfg, gpu=gpu))
 
+    # the epilog's after-work (evidence, summary, retention, AdminComment) runs detached
+    adapters = Adapters(slurm, open_gpu, history, detach if phase == "epilog" else None)
     try:
-        return run_hook(cfg, job, env, phase, Adapters(slurm, open_gpu, history), budget)
+        return run_hook(cfg, job, env, phase, adapters, budget)
     finally:
-        if phase == "epilog":  # retention, bounded: after the verdict, never before a job
-            prune_quietly(history, cfg)
         history.close()
         if marker is not None:
             marker.done()

@@ -35,17 +35,28 @@ KILL_WAIT_S = 0.5  # after SIGKILL, for the process to be gone
 EXEC_WAIT_S = 1.0  # after the start, for its command line to show
 
 
+def sidecar_launch(cfg: Config, job: Job) -> dict[str, Any]:
+    """Make the job's task-metrics channel and say how to start its sidecar: ``cmd``, the
+    ``env`` to add, the ``pid_file`` (the node agent hands this to the prolog's client,
+    which starts it in slurmd's session, not the agent's service). Raises OSError."""
+    files = SidecarFiles.of(cfg, job.node, job.job_id)
+    make_job_dir(files.job_dir, job.uid, cfg.sidecar.job_dir_max_bytes)  # task channel
+    cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
+    if job.gpus:
+        cmd += ["--gpus", ",".join(map(str, job.gpus))]
+    env = {LABELS_ENV: json.dumps(asdict(job)), RUN_DIR_ENV: files.run_dir}
+    return {"cmd": cmd, "env": env, "pid_file": files.pid, "job_id": job.job_id}
+
+
 def start_sidecar(cfg: Config, job: Job) -> int | None:
     """Launch ``slurmhealth sidecar`` in its own session, outliving the prolog (DESIGN.md
     section 4: verified with proctrack/linuxproc). Returns its pid; never raises."""
     files = SidecarFiles.of(cfg, job.node, job.job_id)
     try:
-        make_job_dir(files.job_dir, job.uid, cfg.sidecar.job_dir_max_bytes)  # task channel
+        launch = sidecar_launch(cfg, job)
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
-        env = {**os.environ, LABELS_ENV: json.dumps(asdict(job)), RUN_DIR_ENV: files.run_dir}
-        cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
-        if job.gpus:
-            cmd += ["--gpus", ",".join(map(str, job.gpus))]
+        env = {**os.environ, **launch["env"]}
+        cmd = launch["cmd"]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -151,6 +162,30 @@ def _read_pid(path: str) -> int:
         return 0
 
 
+def _sidecar_pids(cfg: Config, node: str, job_id: str) -> tuple[int, list[int]]:
+    """The pid file's pid and every live sidecar of the job on this node."""
+    files = SidecarFiles.of(cfg, node, job_id)
+    pid = _read_pid(files.pid)
+    pids = set(job_sidecars(job_id, files.run_dir))
+    if pid and _is_our_sidecar(pid, job_id):
+        pids.add(pid)
+    return pid, sorted(pids)
+
+
+def signal_sidecar(cfg: Config, node: str, job_id: str) -> str:
+    """The epilog's part: SIGTERM the job's sidecars and return at once; they flush while
+    the epilog decides, and the after-work (hooks/finish.py) waits for them with
+    :func:`stop_sidecar`."""
+    pid, pids = _sidecar_pids(cfg, node, job_id)
+    for each in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(each, signal.SIGTERM)
+    if pid in pids:  # ended by us, not dead: stop_sidecar still finds it by its environment
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(SidecarFiles.of(cfg, node, job_id).pid)
+    return f"SIGTERM to sidecar {','.join(map(str, pids))}" if pids else "no live sidecar"
+
+
 def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     """Stop every sidecar of the job on this node (its pid file's, and any other the
     prolog started here: :func:`job_sidecars`): SIGTERM, ``stop_grace_s`` for the final
@@ -158,12 +193,9 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     series at its next scrape. A pid file without its process is a dead sidecar: recorded
     as a ``sidecar_died`` event. Returns what happened, for the log."""
     files = SidecarFiles.of(cfg, node, job_id)
-    pid = _read_pid(files.pid)
-    pids = set(job_sidecars(job_id, files.run_dir))
-    if pid and _is_our_sidecar(pid, job_id):
-        pids.add(pid)
+    pid, pids = _sidecar_pids(cfg, node, job_id)
     if pids:
-        outcome = _terminate(sorted(pids), job_id, cfg.sidecar.stop_grace_s)
+        outcome = _terminate(pids, job_id, cfg.sidecar.stop_grace_s)
     elif pid:
         outcome = f"sidecar {pid} died before the epilog"
         _record_death(cfg, node, job_id, pid)

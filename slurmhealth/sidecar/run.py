@@ -81,6 +81,7 @@ class Sidecar:
         self._publish_failed = False
         self._history: History | None = None
         self._why_stopped = "job gone"
+        self._sampling = False  # a SIGTERM before the first snapshot ends the process at once
         self._rdma_state: Any = None  # the judged ports last read; False: reading failed
         self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
         from slurmhealth.metrics import SidecarCollector
@@ -174,6 +175,11 @@ class Sidecar:
         def stop(signum: int, _frame: object) -> None:
             self._why_stopped = signal.Signals(signum).name
             self._stop.set()
+            if not self._sampling:  # still starting: nothing to flush, end at once
+                with contextlib.suppress(Exception):
+                    self.cleanup()
+                    os.write(2, f"{who} stopped while starting ({self._why_stopped})\n".encode())
+                os._exit(0)
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, stop)
@@ -197,7 +203,7 @@ class Sidecar:
         from slurmhealth.sidecar.presence import JobPresence
         from slurmhealth.sidecar.task import TaskReader, peak_flops
 
-        backend = self._open_and_announce()
+        backend = self._open_and_announce()  # (a SIGTERM until the first snapshot: exit)
         log.info("job %s: sidecar for GPUs %s", self.labels.job_id, self.gpus)
         detectors = Detectors(self.cfg, self.gpus)
         rdma = self._rdma_watch()
@@ -216,6 +222,7 @@ class Sidecar:
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 snapshot = only_instances(backend.snapshot(self.gpus), self.labels.mig)
+                self._sampling = True  # from here a SIGTERM waits for the final flush
                 events = detectors.observe(snapshot) + self._rdma_step(rdma, snapshot)
                 events += nccl.observe(time.time())
                 klog_read = klog.read_new(cursor, time.time())
@@ -251,8 +258,10 @@ class Sidecar:
                         break
                 self._stop.wait(max(0.0, self.interval - (time.monotonic() - t0)))
         finally:
-            # within the epilog's grace: a busy database leaves the rows in the spool
-            self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
+            # within the epilog's grace: a busy database leaves the rows in the spool (a
+            # sidecar stopped before its first sample has nothing to flush)
+            if intervals or self._pending_samples or self._pending_events:
+                self._flush(busy_timeout_ms=int(min(1000, self.cfg.sidecar.stop_grace_s * 250)))
             self.cleanup()
             backend.close()
 

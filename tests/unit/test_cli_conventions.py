@@ -93,7 +93,7 @@ def test_every_command_that_prints_has_json() -> None:
     exporter, where there is one, prints Prometheus' own format)."""
     without = {path for path, cmd in _commands(cli)
                if not any("--json" in getattr(p, "opts", ()) for p in cmd.params)}  # fmt: skip
-    hooks = {"prolog", "epilog", "ctld-epilog", "sidecar"}
+    hooks = {"prolog", "epilog", "ctld-epilog", "sidecar", "epilog-finish"}
     assert hooks <= without <= {*hooks, "exporter"}
 
 

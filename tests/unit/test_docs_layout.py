@@ -46,7 +46,7 @@ def test_no_file_names_an_old_install_layout() -> None:
 
 def test_slurm_conf_snippet_names_the_installed_wrappers() -> None:
     snippet = (REPO / "deploy/slurm/slurm.conf.snippet").read_text()
-    keys = r"^(Prolog|Epilog|HealthCheckProgram|EpilogSlurmctld)=(\S+)"
+    keys = r"^#?(Prolog|Epilog|HealthCheckProgram|EpilogSlurmctld)=(\S+)"  # (the last optional)
     named = dict(re.findall(keys, snippet, re.M))
     assert named == {
         "Prolog": f"{LAYOUT['wrappers']}/slurmhealth-prolog",

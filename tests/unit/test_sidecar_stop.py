@@ -6,6 +6,7 @@ ends by itself. Real processes; each test waits for a condition, never a fixed t
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -120,7 +121,7 @@ def test_a_job_that_ends_while_its_sidecar_starts_leaves_nothing_running(
     assert (run / f"sidecar-{job.job_id}.pid").read_text() == f"{pid}\n"  # before it runs
     outcome = stop_sidecar(cfg, "node1", job.job_id)
 
-    assert outcome in (f"sidecar {pid} stopped", f"sidecar {pid} killed after 2 s")
+    assert outcome == f"sidecar {pid} stopped"  # SIGTERM while starting ends it at once
     cmdline = Path(f"/proc/{pid}/cmdline")
     assert not cmdline.exists() or not cmdline.read_bytes()  # gone (or a zombie of ours)
     assert list(run.glob("sidecar-*")) == []
@@ -189,3 +190,35 @@ def test_the_prolog_starts_and_the_epilog_stops_without_the_prometheus_client() 
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+HANGING_GPU0 = """
+name = "gpu0-hang"
+[gpu.0]
+hang = true
+hang_s = 120.0
+"""
+
+
+def test_sigterm_while_the_first_snapshot_hangs_ends_the_sidecar_at_once(
+    tmp_path: Path, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """Nothing is sampled yet, so nothing waits for the GPU's deadline or a final flush."""
+    sidecar_config(tmp_path, HANGING_GPU0)
+    job = _job(7)
+    with open(tmp_path / "err", "wb") as err:
+        argv = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job, "--gpus", "0"]
+        env = sidecar_env(tmp_path / "config.toml", SLURMHEALTH_SNAPSHOT_TIMEOUT="4.0")
+        proc = subprocess.Popen(argv, env=env, stderr=err)
+    procs.append(proc)
+    pid_file = tmp_path / "run" / f"sidecar-{job}.pid"
+    _wait_for("the sidecar to announce itself", pid_file.exists)  # then its first snapshot
+    proc.send_signal(subprocess.signal.SIGTERM)
+    assert proc.wait(DEADLINE_S) == 0
+    assert "stopped while starting (SIGTERM)" in (tmp_path / "err").read_text()
+    assert not pid_file.exists()
+    with sqlite3.connect(tmp_path / "db" / "history.db") as conn:  # nothing half-sampled
+        tables = {row[0] for row in conn.execute("select name from sqlite_master")}
+        assert "samples" not in tables or conn.execute(
+            "select count(*) from samples"
+        ).fetchone() == (0,)
