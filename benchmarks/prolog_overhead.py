@@ -55,7 +55,13 @@ def _cluster_up(**env: str) -> None:
 
 
 def _state(node: str) -> str:
-    return _run(["sinfo", "-h", "-n", node, "-o", "%T"]).stdout.strip()
+    """The node's state as slurmctld holds it (``idle``, ``idle+completing``, ...). Not
+    sinfo's ``%T``: after a job whose epilog answered quickly, sinfo showed the node
+    ``mixed`` (one CPU allocated) for 3-90 s while slurmctld had it IDLE with no CPU
+    allocated and scheduled the next job onto it (seen on 22.05 here)."""
+    out = _run(["scontrol", "show", "node", "-o", node]).stdout
+    found = re.search(r"\bState=(\S+)", out)
+    return found.group(1).lower() if found else ""
 
 
 def _wait_idle(node: str, timeout: float = 240.0) -> float:

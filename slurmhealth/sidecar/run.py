@@ -28,6 +28,7 @@ from slurmhealth.history import Batch, History, rows
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
+from slurmhealth.sidecar.hang import capture_in_background
 from slurmhealth.sidecar.rdma import exports_rdma
 from slurmhealth.sidecar.state import Event
 from slurmhealth.stopflag import StopFlag
@@ -373,35 +374,7 @@ class Sidecar:
         self._captured = True
         kinds = ", ".join(sorted({e.kind for e in events if e.kind in ("hang", "step_stall")}))
 
-        def run() -> None:
-            import pwd
-
-            from slurmhealth.evidence.capture import capture
-            from slurmhealth.procs import job_pids
-
-            try:
-                uid = pwd.getpwnam(self.labels.user).pw_uid if self.labels.user else None
-            except KeyError:
-                uid = None
-            try:
-                result = capture(
-                    self.cfg,
-                    self.labels.job_id,
-                    self.node,
-                    reason=f"{kinds} detected while the job ran",
-                    gpus=self.gpus,
-                    user=self.labels.user,
-                    uid=uid,
-                    end_ts=time.time(),
-                    pids=job_pids(self.labels.job_id),
-                    budget_s=self.cfg.evidence.budget_s,
-                )
-                log.warning("job %s: %s: evidence captured in %s", self.labels.job_id, kinds,
-                            result.dir)  # fmt: skip
-            except Exception as exc:
-                log.warning("job %s: evidence capture failed: %s", self.labels.job_id, exc)
-
-        threading.Thread(target=run, daemon=True, name="capture").start()
+        capture_in_background(self.cfg, self.labels, self.node, self.gpus, kinds)
 
     def _watch_xids(self, backend: Any, queue: list[XidEvent]) -> None:
         while not self._stop.is_set():
