@@ -1,10 +1,11 @@
 """A long many-node job in a real Prometheus, for ``report_latency.py --prometheus``.
 
 The series are the exporter's own: one scrape per node is rendered by the real
-``SidecarCollector`` and each of its lines becomes a template (name and labels as Prometheus
-stores them); the generator then writes every sample of every series with its time
-(OpenMetrics, series after series: a week of 512 GPUs is ~90 million lines, so each value
-is a precomputed string and each series one ``join``), and promtool backfills the file.
+``SidecarCollector`` (in either ``[metrics] job_labels`` mode) and each of its lines becomes
+a template (name and labels as Prometheus stores them); the generator then writes every
+sample of every series with its time (OpenMetrics, series after series: a week of 512 GPUs
+is ~90 million lines, so each value is a precomputed string and each series one ``join``),
+and promtool backfills the file.
 A healthy training job: utilisation ~97 % with a checkpoint dip a day, power and temperature
 that move, a PCIe replay counter that grows, GPU 3 of the sixth node thermal-throttled
 6 samples in every 720. After the job, what each node's epilog publishes for
@@ -54,7 +55,9 @@ def _states(node: str, gpus: int, throttled: int | None, **values: Any) -> tuple
     )  # fmt: skip
 
 
-def _template(job: str, node: str, gpus: int, throttled: int | None) -> list[str]:
+def _template(
+    job: str, node: str, gpus: int, throttled: int | None, job_labels: str = "series"
+) -> list[str]:
     """The exposition lines of one scrape of the node (values are placeholders; GPU
     ``throttled`` shows HW thermal slowdown)."""
     state = ExportState(Job(job_id=job, node=node, user="bench", priority=1),
@@ -62,7 +65,7 @@ def _template(job: str, node: str, gpus: int, throttled: int | None) -> list[str
                         samples_total=1)  # fmt: skip
     from tests.support.prom_backfill import scrape
 
-    return [line for line in scrape(state).splitlines() if line and line[0] != "#"]
+    return [line for line in scrape(state, job_labels).splitlines() if line and line[0] != "#"]
 
 
 def _series_values(n: int) -> dict[str, Values]:
@@ -84,7 +87,7 @@ def _series_values(n: int) -> dict[str, Values]:
 
 
 def _published(job: str, nodes: int, gpus: int, samples: int, step: float, start: float,
-               tmp: Path) -> str:  # fmt: skip
+               tmp: Path, job_labels: str = "series") -> str:  # fmt: skip
     """The stamped scrapes of what every node's epilog publishes after the job: its
     history's per-GPU stats (``summary.json``), from the same samples as the series."""
     from dataclasses import asdict
@@ -126,14 +129,14 @@ def _published(job: str, nodes: int, gpus: int, samples: int, step: float, start
         gpu_stats = [{**g, "uuid": f"GPU-{node}-{g['gpu']:02d}-0000-0000-000000000000"}
                      for g in stats[3 if k == 5 else None]]  # fmt: skip
         labels = Job(job_id=job, node=node, user="bench", priority=1)
-        text = scrape_families(families(labels, node, gpu_stats))
+        text = scrape_families(families(labels, node, gpu_stats, job_labels))
         end = start + (samples - 1) * step
         out += [stamped(text, end + d) for d in FINAL_SCRAPES]
     return "".join(out)
 
 
 def write_job(path: Path, job: str, nodes: int, gpus: int, samples: int, step: float,
-              end: float) -> float:  # fmt: skip
+              end: float, job_labels: str = "series") -> float:  # fmt: skip
     """The OpenMetrics file of the job's ``samples`` scrapes ``step`` s apart, the last at
     ``end``; returns the first scrape's time."""
     start = end - (samples - 1) * step
@@ -143,7 +146,7 @@ def write_job(path: Path, job: str, nodes: int, gpus: int, samples: int, step: f
     with path.open("w") as out:
         for k in range(nodes):
             node = f"n{k + 1:03d}"
-            for line in _template(job, node, gpus, 3 if k == 5 else None):
+            for line in _template(job, node, gpus, 3 if k == 5 else None, job_labels):
                 head, const = line.rsplit(" ", 1)
                 name = head.split("{", 1)[0]
                 if name == "slurmhealth_gpu_clock_event_active":  # a series only while it holds
@@ -155,14 +158,15 @@ def write_job(path: Path, job: str, nodes: int, gpus: int, samples: int, step: f
                     out.write("".join([f"{head} {v}{t}" for v, t in zip(vs, stamps, strict=True)]))
                 else:
                     out.write(f"{head} {const}".join(["", *stamps]))
-        out.write(_published(job, nodes, gpus, samples, step, start, path.parent))
+        out.write(_published(job, nodes, gpus, samples, step, start, path.parent, job_labels))
         out.write("# EOF\n")
     return start
 
 
 def build(
-    data_dir: Path, job: str, nodes: int, gpus: int, days: float, step: float
-) -> dict[str, float]:
+    data_dir: Path, job: str, nodes: int, gpus: int, days: float, step: float,
+    job_labels: str = "series",
+) -> dict[str, float]:  # fmt: skip
     """Backfill the job (ending an hour ago, within Prometheus' retention) into
     ``data_dir``/tsdb unless it holds it already; returns the job's window and set-up times."""
     marker = data_dir / "job-final.txt"  # (job.txt: data without the published stats)
@@ -174,7 +178,7 @@ def build(
     end = float(int(time.time() - 3600) // 60 * 60)
     t0 = time.perf_counter()
     om = data_dir / "job.om"
-    start = write_job(om, job, nodes, gpus, samples, step, end)
+    start = write_job(om, job, nodes, gpus, samples, step, end, job_labels)
     t1 = time.perf_counter()
     from tests.support.prom_backfill import backfill
 
@@ -198,7 +202,8 @@ def server_cpu(url: str) -> float:
 
 def print_figures(r: dict[str, Any]) -> None:
     print(
-        f"{r['gpus']} GPUs on {r['nodes']} nodes, {r['days']:g} days, one scrape every "
+        f"{r['gpus']} GPUs on {r['nodes']} nodes ({r.get('job_labels', 'series')}), "
+        f"{r['days']:g} days, one scrape every "
         f"{r['step_s']:g} s ({r['samples_per_series']} samples per series; generated in "
         f"{r['generate_s']} s, backfilled in {r['backfill_s']} s); {r['runs']} runs each "
         f"(target <= 2 s):"

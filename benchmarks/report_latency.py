@@ -3,7 +3,7 @@ or (--prometheus) on a 64-node x 8-GPU week-long job known only to Prometheus.
 
 Usage: python benchmarks/report_latency.py [--runs 7] [--hours 24] [--json] [--profile]
        python benchmarks/report_latency.py --prometheus [--runs 7] [--days 7] [--step 60]
-                                           [--data DIR]
+                                           [--data DIR] [--job-labels series|info]
 Writes a synthetic history with the real History/Batch into a temp dir (3 nodes x 8 GPUs,
 10 s samples: 207,360 rows for 24 h, node dbs via a `{node}` db path), plus a few hundred
 events, findings and check runs, and older jobs for the past-incident search. Then times
@@ -296,7 +296,7 @@ def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
     from tests.prometheus_util import start_prometheus
 
     nodes, gpus = 64, 8
-    job = build(data, JOB, nodes, gpus, args.days, args.step)
+    job = build(data, JOB, nodes, gpus, args.days, args.step, args.job_labels)
     url, stop = start_prometheus(
         data, f"global:\n  scrape_interval: {args.step:g}s\n",
         extra_args=("--storage.tsdb.retention.time=3650d",),
@@ -327,6 +327,7 @@ def prometheus_mode(args: argparse.Namespace, data: Path) -> dict[str, Any]:
         "nodes": nodes,
         "gpus": nodes * gpus,
         "days": args.days,
+        "job_labels": args.job_labels,
         "step_s": args.step,
         "samples_per_series": int(args.days * 86400 / args.step),
         "found_gpus": sum(len(g) for g in stats.values()),
@@ -355,6 +356,12 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=7.0)
     ap.add_argument("--step", type=float, default=60.0)
     ap.add_argument("--data", help="--prometheus: keep the backfilled Prometheus here")
+    ap.add_argument(
+        "--job-labels",
+        choices=("series", "info"),
+        default="series",
+        help="--prometheus: the [metrics] job_labels the job's series were made in",
+    )
     args = ap.parse_args()
     if args.prometheus:
         with tempfile.TemporaryDirectory(prefix="slurmhealth-prom-bench-") as tmp:

@@ -120,6 +120,8 @@ class SidecarConfig:
     # saves a checkpoint, pauses its steps for a while without hanging
     stall_min_s: float = 300.0
     stop_grace_s: float = 2.0  # epilog: SIGTERM, final flush, then SIGKILL
+    # the job's step folder on /run (RAM): a tmpfs of this size (else the reader's sweep)
+    job_dir_max_bytes: int = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -203,6 +205,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "slurm.backend": ("cli", "pyslurm", "auto"),
     "rdma.link_layer": ("", "InfiniBand", "Ethernet"),
     "metrics.mode": ("slurmhealth", "dcgm"),
+    "metrics.job_labels": ("series", "info"),
     "metrics.rdma_series": ("multi_node", "all", "none"),
 }
 

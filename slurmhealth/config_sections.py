@@ -44,6 +44,11 @@ class MetricsConfig:
     """The node's one scrape target (``slurmhealth exporter``, docs/metrics.md)."""
 
     mode: str = "slurmhealth"  # slurmhealth | dcgm (dcgm-exporter exports the GPU counters)
+    # series: every per-GPU series carries job_id/user/priority (new series per job);
+    # info: only node/gpu, attributed by slurmhealth_job_gpu_info (docs/metrics.md)
+    job_labels: str = "series"
+    # the listen address: all interfaces, the Prometheus convention; "127.0.0.1" keeps it
+    # to the node (a Prometheus or agent on the node itself)
     bind: str = "0.0.0.0"
     port: int = 9450  # the exporter's /metrics; 0 = no HTTP endpoint (textfile only)
     textfile_dir: str = ""  # node_exporter's --collector.textfile.directory; "" = none
@@ -60,6 +65,13 @@ class MetricsConfig:
     max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
     # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
+    # the HTTP listener's bounds (slurmhealth/http_server.py, docs/threat-model.md)
+    header_timeout_s: float = 5.0  # a connection's request head within this of its accept
+    max_connections: int = 512  # open at once; at the cap the oldest unfinished one goes
+    max_requests: int = 40  # requests answered at once (node_exporter's --web.max-requests)
+    http_workers: int = 4  # threads answering them
+    # TLS and basic auth for /metrics: a web-config file in Prometheus' format ("" = none)
+    web_config_file: str = ""
 
 
 @dataclass(frozen=True, eq=False, repr=False)
@@ -79,6 +91,14 @@ class EvidenceConfig:
     nccl_globs: list[str] = field(default_factory=lambda: ["{home}/nccl-logs/{job_id}/*.log"])
     nccl_tail_kib: int = 256  # last KiB kept of each NCCL file
     nccl_max_files: int = 32
+    # the job's user's drop folder (docs/threat-model.md): files a user wants in their bundle,
+    # copied in (their rights, regular files of theirs, bounded) as ``user/`` and marked
+    # "user-supplied" in the manifest; placeholders {job_id}, {user}, {home}; [] = none
+    drop_globs: list[str] = field(
+        default_factory=lambda: ["{home}/.slurmhealth/evidence/{job_id}/*"]
+    )
+    drop_max_files: int = 8
+    drop_kib: int = 256  # last KiB kept of each dropped file
     output_tail_kib: int = 64  # last KiB kept of the job's stdout / stderr
     kernel_margin_s: float = 300.0  # kernel-log lines from job start - margin to end + margin
     kernel_pattern: str = (

@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slurmhealth import safe_read
+
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start a sidecar
     from prometheus_client.core import Metric
 
@@ -170,6 +172,7 @@ class JobStates:
     skipped: int = 0  # files over the limits, unreadable, or not ours
     finished: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # done-<id>.json
     expired: list[str] = field(default_factory=list)  # done files older than linger_s
+    finished_ts: dict[str, float] = field(default_factory=dict)  # when each was published
 
 
 @dataclass(frozen=True)
@@ -181,20 +184,9 @@ class Limits:
 
 
 def _read_one(path: str, limits: Limits) -> dict[str, Any] | None:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None  # gone since listdir, or a symlink
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            return None
-        if st.st_size > limits.max_bytes:
-            return None
-        raw = fh.read(limits.max_bytes + 1)
-    try:
-        doc = json.loads(raw)
-    except ValueError:
+    try:  # gone since listdir, a symlink, not ours, over the limit, not JSON: skipped
+        doc = safe_read.read_json(path, limits.max_bytes, uid=os.geteuid())
+    except safe_read.Unsafe:
         return None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return None
@@ -235,6 +227,9 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
     for name in names:  # after every running job's: those come first within max_files
         if (done := _FINAL_FILE.match(name)) is not None:
             _read_final(os.path.join(directory, name), done.group(1), now, limits, out)
+    # the newest first: with job_labels = "info" two jobs' stats of one GPU have the same
+    # labels, and merged() keeps the first (the GPU's last job's, final_series)
+    out.finished = dict(sorted(out.finished.items(), key=lambda kv: -out.finished_ts[kv[0]]))
     return out
 
 
@@ -251,6 +246,7 @@ def _read_final(path: str, job_id: str, now: float, limits: Limits, out: JobStat
         out.expired.append(path)
     else:
         out.finished[job_id] = doc["families"]
+        out.finished_ts[job_id] = float(ts)
 
 
 def _dead_pid_files(run_dir: str) -> set[str]:
@@ -275,10 +271,13 @@ def _dead_pid_files(run_dir: str) -> set[str]:
 
 def merged(families: Iterable[list[dict[str, Any]]]) -> list[Metric]:
     """Families of several jobs merged by name (one ``# TYPE`` line each); malformed
-    entries are left out."""
+    entries are left out, and so is a sample whose name and labels an earlier job's has
+    (``job_labels = "info"``: two jobs sharing a GPU, or an RDMA port, export the same
+    series; a scrape may hold each once)."""
     from prometheus_client.core import Metric
 
     by_name: dict[str, Metric] = {}
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     for fams in families:
         for fam in fams:
             try:
@@ -290,7 +289,10 @@ def merged(families: Iterable[list[dict[str, Any]]]) -> list[Metric]:
                     continue
                 for sample_name, labels, value in fam["samples"]:
                     labels = {str(k): str(v) for k, v in labels.items()}
-                    metric.add_sample(str(sample_name), labels, float(value))
+                    key = (str(sample_name), tuple(sorted(labels.items())))
+                    if key not in seen:
+                        seen.add(key)
+                        metric.add_sample(str(sample_name), labels, float(value))
             except (KeyError, TypeError, ValueError, AttributeError):
                 continue
     return list(by_name.values())

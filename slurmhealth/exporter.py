@@ -30,7 +30,8 @@ from prometheus_client.registry import Collector
 from slurmhealth.config import Config
 from slurmhealth.errors import ConfigError
 from slurmhealth.export_state import Limits, merged, read_states, stale_after, write_atomic
-from slurmhealth.exposition import render, serve
+from slurmhealth.exposition import render
+from slurmhealth.http_server import listen
 from slurmhealth.node_metrics import NodeFacts, node_families, read_fail_opens, read_history
 from slurmhealth.stopflag import StopFlag
 
@@ -143,7 +144,7 @@ def run(watch: ConfigWatch, *, once: bool = False, stop: StopFlag | None = None)
         return 0
     stop = stop or StopFlag()
     stop.on_signals(signal.SIGTERM, signal.SIGINT)
-    server = serve(registry, mc.bind, [mc.port]) if mc.port else None
+    server = listen(registry, mc) if mc.port else None  # bounded: slurmhealth/http_server.py
     log.info("exporter for node %s: port %s, textfile dir %r", cfg.node_name,
              mc.port or "none", textfile)  # fmt: skip
     try:

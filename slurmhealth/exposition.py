@@ -84,10 +84,8 @@ def render(registry: CollectorRegistry) -> bytes:
     return "".join(chunks).encode()
 
 
-def serve(registry: CollectorRegistry, bind: str, ports: Iterable[int]) -> ThreadingHTTPServer:
-    """Serve ``registry`` on ``/metrics`` (by :func:`render`: 4-6 ms for 8 GPUs, where
-    prometheus_client's exposition takes ~20 ms) on the first port of ``ports`` that binds
-    (0: any free port), in a daemon thread. The bound port is ``server.server_address[1]``."""
+def metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+    """The request handler that answers ``/metrics`` (and ``/``) with :func:`render`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -104,11 +102,20 @@ def serve(registry: CollectorRegistry, bind: str, ports: Iterable[int]) -> Threa
         def log_message(self, *args: Any) -> None:  # scrapes are not worth a log line
             return
 
+    return Handler
+
+
+def serve(registry: CollectorRegistry, bind: str, ports: Iterable[int]) -> ThreadingHTTPServer:
+    """Serve ``registry`` on ``/metrics`` (by :func:`render`: 4-6 ms for 8 GPUs, where
+    prometheus_client's exposition takes ~20 ms) on the first port of ``ports`` that binds
+    (0: any free port), in a daemon thread. The bound port is ``server.server_address[1]``.
+    The node's exporter uses :mod:`slurmhealth.http_server` instead (bounded)."""
+    handler = metrics_handler(registry)
     tried = []
     for port in ports:
         tried.append(port)
         try:
-            server = ThreadingHTTPServer((bind, port), Handler)
+            server = ThreadingHTTPServer((bind, port), handler)
         except OSError:
             continue
         server.daemon_threads = True

@@ -16,6 +16,13 @@ final_linger_s`` after the job (long enough for several scrapes), as
 A report reads them with one small query (``report.prometheus``) and reads the raw series
 only for the nodes that published none (a node that went down, a scrape that was missed).
 The values are the history's own, so the two reports agree exactly.
+
+With ``[metrics] job_labels = "info"`` the stats carry the GPU's labels only (``node``,
+``gpu``, ``uuid``), like the live per-GPU series, so a job adds no series here either; the
+job they belong to is one more stat, ``stat="job_id"`` (Slurm's job ids are numbers; a job
+whose id is not publishes nothing in this mode), and where two finished jobs' stats of one
+GPU are served at once the exporter serves the newer (``export_state``). The report takes
+the newest scrape whose ``job_id`` is its job's.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from slurmhealth.model_records import GPU_LABELS, Job, job_label_values
+from slurmhealth.model_records import Job, job_label_values
+from slurmhealth.series_labels import SeriesLabels
 
 STAT = "slurmhealth_job_gpu_stat"
+JOB_STAT = "job_id"  # info mode: the stat that names the job
 THROTTLE = "slurmhealth_job_gpu_throttle_seconds"
 
 # stat label -> the field of the report's per-GPU stats (diagnose.facts.GpuStats) it holds,
@@ -65,17 +74,24 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def families(job: Job, node: str, gpus: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def families(
+    job: Job, node: str, gpus: Iterable[Mapping[str, Any]], job_labels: str = "series"
+) -> list[dict[str, Any]]:
     """The two families for ``gpus`` (per-GPU stats as ``NodeFacts.to_dict()`` holds them),
-    labelled as the job's live per-GPU series are (``GPU_LABELS``), in the form of a
+    labelled as the job's live per-GPU series are (``series_labels``), in the form of a
     sidecar's state file (``export_state``: built without prometheus_client, which the
     epilog does not otherwise import)."""
     stats: list[list[Any]] = []
     throttle: list[list[Any]] = []
-    job_values = job_label_values(job, node)
+    lab = SeriesLabels(job_labels, job_label_values(job, node))
+    info = job_labels == "info"
+    if info and not job.job_id.isdigit():
+        gpus = ()  # nothing would say whose stats they are
     for g in gpus:
-        labels = dict(zip(GPU_LABELS, (*job_values, str(g.get("gpu", "")),
-                                       str(g.get("uuid") or "")), strict=True))  # fmt: skip
+        values = lab.gpu(str(g.get("gpu", "")), str(g.get("uuid") or ""))
+        labels = dict(zip(lab.gpu_names, values, strict=True))
+        if info:
+            stats.append([STAT, {**labels, "stat": JOB_STAT}, float(job.job_id)])
         for name, field in STATS.items():
             if (value := _number(g.get(field))) is not None:
                 stats.append([STAT, {**labels, "stat": name}, value])

@@ -4,9 +4,10 @@ Names follow dcgm-exporter's semantics under the ``slurmhealth_`` prefix with ba
 (ratios 0-1, bytes, celsius, watts, hertz, ``_total`` counters). ``None`` in the state means
 "unknown / not supported": no sample is exported, never a 0.
 
-The cardinality budget (docs/metrics.md): per-GPU series carry only :data:`GPU_LABELS`; the
-job's other facts (account, partition, QOS, name, GPUs and their model) are on one
-``slurmhealth_job_info`` series to join with ``group_left``.
+The cardinality budget (docs/metrics.md): per-GPU series carry only :data:`GPU_LABELS` (with
+``job_labels="info"`` only the GPU's, ``series_labels``); the job's other facts (account,
+partition, QOS, name, GPUs and their model) are on one ``slurmhealth_job_info`` series, and
+``slurmhealth_job_gpu_info`` names each GPU's job, to join with ``group_left``.
 NVLinks are summed per GPU (errors by counter, links down) unless ``per_link_nvlink``; an
 RDMA port's error counters are summed (``counter="all"``) unless ``per_counter_rdma``.
 In ``mode="dcgm"`` dcgm-exporter owns the GPU counters: only health, Xids, events, job and
@@ -28,9 +29,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from slurmhealth.exposition import CONTENT_TYPE, render, serve
+from slurmhealth.mig_series import mig_families
 from slurmhealth.model import CLOCK_EVENT_REASONS, GpuState, GpuStatus
 from slurmhealth.model_records import GPU_LABELS, JOB_LABELS, ExportState, Job, job_label_values
 from slurmhealth.rdma.model import ERROR_COUNTERS
+from slurmhealth.series_labels import GPU_INFO, GPU_INFO_LABELS, JOB_LABEL_MODES, SeriesLabels
 
 __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "render", "serve"]
 
@@ -129,6 +132,9 @@ _HELP = {
     "info": "Slurm job running on this node, value 1: its account, partition, QOS and name, "
     "`gpus`, its GPU indices (scontrol show job), `gpu_model` (nvidia-smi name). Join with "
     "group_left.",
+    "gpu_info": "The Slurm job using this GPU, value 1 (one series per job and GPU): join "
+    "per-GPU series with `* on (node, gpu) group_left (job_id, user, ...)`; with [metrics] "
+    'job_labels = "info" they carry no job labels of their own.',
     "xid": "Xid errors seen in the kernel log per GPU and Xid (dmesg NVRM: Xid, "
     "DCGM_FI_DEV_XID_ERRORS).",
     "events": "Events the sidecar's detectors raised, by kind and GPU (gpu is empty for "
@@ -154,21 +160,19 @@ def _info_values(job: Job) -> tuple[str, ...]:
 class _GpuFamilies:
     """The per-GPU families of one scrape, filled GPU by GPU."""
 
-    def __init__(self, per_link: bool, full: bool) -> None:
+    def __init__(self, per_link: bool, full: bool, names: tuple[str, ...] = GPU_LABELS) -> None:
         self.per_link, self.full = per_link, full
-        self.gauges = [(_gauge(n, d, GPU_LABELS), get) for n, d, get in _GPU_GAUGES] if full else []
-        self.counters = (
-            [(_counter(n, d, GPU_LABELS), g) for n, d, g in _GPU_COUNTERS] if full else []
-        )
-        self.up = _gauge("gpu_up", _HELP["gpu_up"], (*GPU_LABELS, "status"))
-        self.clock = _gauge("gpu_clock_event_active", _HELP["clock"], (*GPU_LABELS, "reason"))
-        self.ecc = _counter("gpu_ecc_uncorrectable_errors", _HELP["ecc"], (*GPU_LABELS, "scope"))
-        self.remap = _counter("gpu_remapped_rows", _HELP["remap"], (*GPU_LABELS, "kind"))
-        self.down = _gauge("gpu_nvlink_links_down", _HELP["links_down"], GPU_LABELS)
-        self.err_sum = _counter("gpu_nvlink_errors", _HELP["nvlink_sum"], (*GPU_LABELS, "counter"))
-        self.link_up = _gauge("gpu_nvlink_link_up", _HELP["nvlink_up"], (*GPU_LABELS, "link"))
+        self.gauges = [(_gauge(n, d, names), get) for n, d, get in _GPU_GAUGES] if full else []
+        self.counters = [(_counter(n, d, names), g) for n, d, g in _GPU_COUNTERS] if full else []
+        self.up = _gauge("gpu_up", _HELP["gpu_up"], (*names, "status"))
+        self.clock = _gauge("gpu_clock_event_active", _HELP["clock"], (*names, "reason"))
+        self.ecc = _counter("gpu_ecc_uncorrectable_errors", _HELP["ecc"], (*names, "scope"))
+        self.remap = _counter("gpu_remapped_rows", _HELP["remap"], (*names, "kind"))
+        self.down = _gauge("gpu_nvlink_links_down", _HELP["links_down"], names)
+        self.err_sum = _counter("gpu_nvlink_errors", _HELP["nvlink_sum"], (*names, "counter"))
+        self.link_up = _gauge("gpu_nvlink_link_up", _HELP["nvlink_up"], (*names, "link"))
         self.link_err = _counter(
-            "gpu_nvlink_link_errors", _HELP["nvlink"], (*GPU_LABELS, "link", "counter")
+            "gpu_nvlink_link_errors", _HELP["nvlink"], (*names, "link", "counter")
         )
 
     def add(self, g: GpuState, lv: tuple[str, ...]) -> None:
@@ -230,7 +234,9 @@ class SidecarCollector(Collector):
 
     ``mode`` "slurmhealth" exports the GPU counters, "dcgm" leaves them to dcgm-exporter;
     ``per_link_nvlink`` adds one series per NVLink (18 per H100) and counter;
-    ``per_counter_rdma`` splits an RDMA port's error series by counter (8 instead of 1).
+    ``per_counter_rdma`` splits an RDMA port's error series by counter (8 instead of 1);
+    ``job_labels`` "series" puts the job's labels on every series, "info" only on
+    ``slurmhealth_job_gpu_info`` and the job-level series (:class:`SeriesLabels`).
     """
 
     def __init__(
@@ -240,9 +246,13 @@ class SidecarCollector(Collector):
         mode: str = "slurmhealth",
         per_link_nvlink: bool = False,
         per_counter_rdma: bool = False,
+        job_labels: str = "series",
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"metrics mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if job_labels not in JOB_LABEL_MODES:
+            raise ValueError(f"metrics job_labels must be series or info, got {job_labels!r}")
+        self._job_labels = job_labels
         self._get_state = get_state
         self._full = mode == "slurmhealth"
         self._per_link, self._per_counter_rdma = per_link_nvlink, per_counter_rdma
@@ -257,17 +267,19 @@ class SidecarCollector(Collector):
         state = self._get_state()
         snap = state.snapshot
         job = job_label_values(state.labels, snap.node if snap is not None else "")
+        lab = SeriesLabels(self._job_labels, job)
         gpus = snap.gpus if snap is not None else ()
-        fams = _GpuFamilies(self._per_link, self._full)
+        fams = _GpuFamilies(self._per_link, self._full, lab.gpu_names)
         models = []
         for g in gpus:
             uuid, model = self._identity(g)
-            fams.add(g, (*job, str(g.index), uuid))
+            fams.add(g, lab.gpu(g.index, uuid))
             models.append(model)
         yield from fams.families()
-        if self._full:
-            yield from _mig_families(gpus, job)
-        yield from self._job_families(state, job, gpus, next((m for m in models if m), ""))
+        if self._full:  # per MIG instance: the job's labels in both modes (docs/mig.md)
+            yield from mig_families(gpus, job)
+        yield _gpu_info(state.labels, lab, gpus)
+        yield from self._job_families(state, lab, gpus, next((m for m in models if m), ""))
 
     def _identity(self, g: GpuState) -> tuple[str, str]:
         uuid, model = g.uuid or "", g.name or ""
@@ -278,18 +290,19 @@ class SidecarCollector(Collector):
         return uuid, model
 
     def _job_families(
-        self, state: ExportState, job: tuple[str, ...], gpus: tuple[GpuState, ...], model: str
+        self, state: ExportState, lab: SeriesLabels, gpus: tuple[GpuState, ...], model: str
     ) -> Iterator[Metric]:
+        job = lab.job
         info = _gauge("job_info", _HELP["info"], INFO_LABELS)
         gpu_list = ",".join(str(g.index) for g in gpus)
         info.add_metric((*job, *_info_values(state.labels), gpu_list, model), 1.0)
         yield info
-        xid = _counter("gpu_xid_errors", _HELP["xid"], (*GPU_LABELS, "xid"))
+        xid = _counter("gpu_xid_errors", _HELP["xid"], (*lab.gpu_names, "xid"))
         by_index = {g.index: g for g in gpus}
         for (index, code), n in sorted(state.xid_counts.items()):
             g = by_index.get(index)
             uuid = g.uuid if g is not None and g.uuid else self._ident.get(index, ("", ""))[0]
-            xid.add_metric((*job, str(index), uuid, str(code)), n)
+            xid.add_metric((*lab.gpu(index, uuid), str(code)), n)
         yield xid
         events = _counter("events", _HELP["events"], (*JOB_LABELS, "kind", "gpu"))
         for (kind, gpu), n in sorted(state.event_counts.items(), key=_event_key):
@@ -299,7 +312,17 @@ class SidecarCollector(Collector):
         samples.add_metric(job, state.samples_total)
         yield samples
         yield from _task_families(state, job)
-        yield from _rdma_families(state, job, self._per_counter_rdma)
+        yield from _rdma_families(state, lab, self._per_counter_rdma)
+
+
+def _gpu_info(job: Job, lab: SeriesLabels, gpus: tuple[GpuState, ...]) -> Metric:
+    """One ``slurmhealth_job_gpu_info`` series per GPU of the job (both modes)."""
+    info = GaugeMetricFamily(GPU_INFO, _HELP["gpu_info"], labels=GPU_INFO_LABELS)
+    job_id, user, priority, node = lab.job
+    for g in gpus:
+        info.add_metric((job_id, user, job.account, job.partition, job.qos, priority, node,
+                         str(g.index)), 1.0)  # fmt: skip
+    return info
 
 
 def _task_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]:
@@ -317,7 +340,6 @@ def _task_families(state: ExportState, job: tuple[str, ...]) -> Iterator[Metric]
             yield fam
 
 
-RDMA_LABELS = (*JOB_LABELS, "hca", "port")
 _RDMA_HELP = {
     "up": "1 when the RDMA port is ACTIVE with its physical link LinkUp, else 0; `state` is "
     "state/physical state (ibstat State / Physical state, /sys/class/infiniband/*/ports/*/state).",
@@ -334,19 +356,20 @@ RDMA_ERROR_COUNTERS = (*ERROR_COUNTERS, "port_rcv_remote_physical_errors")
 physical errors, their sum (one series) or each (8 series)."""
 
 
-def _rdma_families(state: ExportState, job: tuple[str, ...], per_counter: bool) -> Iterator[Metric]:
+def _rdma_families(state: ExportState, lab: SeriesLabels, per_counter: bool) -> Iterator[Metric]:
     """Per judged RDMA port of the node (not per GPU): state, rate, errors, bytes. The
     errors are one ``counter="all"`` series (the sum of the counters the port reports), or
     one per counter when ``per_counter``: never both, so ``sum by (hca, port)`` holds."""
     if state.rdma is None:
         return
-    up = _gauge("rdma_port_up", _RDMA_HELP["up"], (*RDMA_LABELS, "state"))
-    rate = _gauge("rdma_port_rate_bytes_per_second", _RDMA_HELP["rate"], RDMA_LABELS)
-    errors = _counter("rdma_port_errors", _RDMA_HELP["errors"], (*RDMA_LABELS, "counter"))
-    rx = _counter("rdma_port_received_bytes", _RDMA_HELP["rx"], RDMA_LABELS)
-    tx = _counter("rdma_port_transmitted_bytes", _RDMA_HELP["tx"], RDMA_LABELS)
+    names = lab.port_names
+    up = _gauge("rdma_port_up", _RDMA_HELP["up"], (*names, "state"))
+    rate = _gauge("rdma_port_rate_bytes_per_second", _RDMA_HELP["rate"], names)
+    errors = _counter("rdma_port_errors", _RDMA_HELP["errors"], (*names, "counter"))
+    rx = _counter("rdma_port_received_bytes", _RDMA_HELP["rx"], names)
+    tx = _counter("rdma_port_transmitted_bytes", _RDMA_HELP["tx"], names)
     for p in state.rdma.ports():
-        lv = (*job, p.hca, str(p.port))
+        lv = lab.port(p.hca, p.port)
         if p.active is not None or p.link_up is not None:
             text = f"{p.state_name or '?'}/{p.phys_state_name or '?'}"
             up.add_metric((*lv, text), 1.0 if p.active and p.link_up is not False else 0.0)
@@ -363,29 +386,6 @@ def _rdma_families(state: ExportState, job: tuple[str, ...], per_counter: bool) 
         if sent is not None:
             tx.add_metric(lv, sent)
     yield from (up, rate, errors, rx, tx)
-
-
-MIG_LABELS = (*GPU_LABELS, "gpu_instance", "compute_instance", "mig_uuid")
-
-
-def _mig_families(gpus: tuple[GpuState, ...], job: tuple[str, ...]) -> Iterator[Metric]:
-    """One series per MIG instance of the job (the sidecar keeps only the job's), labelled
-    with its parent GPU and its instance ids (docs/mig.md)."""
-    if not any(g.mig_devices for g in gpus):
-        return
-    used = _gauge("mig_memory_used_bytes", "MIG instance memory used, bytes.", MIG_LABELS)
-    total = _gauge("mig_memory_total_bytes", "MIG instance memory, bytes.", MIG_LABELS)
-    procs = _gauge("mig_processes", "Compute processes on the MIG instance.", MIG_LABELS)
-    for g in gpus:
-        for m in g.mig_devices or ():
-            lv = (*job, str(g.index), g.uuid or "", str(m.gpu_instance_id),
-                  str(m.compute_instance_id), m.uuid or "")  # fmt: skip
-            for fam, v in ((used, m.memory_used_bytes), (total, m.memory_total_bytes)):
-                if v is not None:
-                    fam.add_metric(lv, float(v))
-            if m.processes is not None:
-                procs.add_metric(lv, float(len(m.processes)))
-    yield from (used, total, procs)
 
 
 def _event_key(item: tuple[tuple[str, int | None], int]) -> tuple[str, int]:

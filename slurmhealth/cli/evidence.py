@@ -36,14 +36,12 @@ def _job_row(cfg: Config, job_id: str, node: str) -> dict[str, Any]:
 
 
 def _bundle_owner(path: str, manifest: Mapping[str, Any] | None) -> tuple[int | None, str | None]:
-    """A bundle's owner: its folder's uid (root gives it the job's uid), else the user its
-    root-written manifest names."""
-    try:
-        uid: int | None = os.lstat(path).st_uid
-    except OSError:
-        uid = None
+    """A bundle's owner: the job's uid its folder's ACL lets read it (an older bundle's
+    folder belonged to it), else the user its root-written manifest names."""
+    from slurmhealth.evidence import bundle
+
     name = (manifest or {}).get("user")
-    return (uid or None), (str(name) if name else None)
+    return bundle.reader_of(path), (str(name) if name else None)
 
 
 def _job_nodes(cfg: Config, job_id: str, rights: Rights) -> list[str]:
@@ -60,7 +58,7 @@ def _job_nodes(cfg: Config, job_id: str, rights: Rights) -> list[str]:
     except PermissionError:
         owner: str | None = None
         with contextlib.suppress(OSError, KeyError):
-            uid = os.lstat(folder).st_uid
+            uid = bundle.reader_of(folder) or 0
             owner = f"uid {uid}"
             owner = pwd.getpwuid(uid).pw_name
         raise access.job_denied(job_id, owner, rights, "evidence") from None
@@ -221,7 +219,7 @@ def show_cmd(ctx: Ctx, job_id: str, node: str | None, as_json: bool) -> None:
         owner = _bundle_owner(path, m)
         if not access.may_read_job(caller, rights, *owner):
             raise access.job_denied(job_id, owner[1], rights, "evidence")
-        manifests += [m] if m else []
+        manifests += [m] if m and bundle.captured(m) else []  # not a summary's alone
     if not manifests:
         where = f" on {node}" if node else ""
         raise UsageError(f"no evidence bundle for job {job_id}{where}")

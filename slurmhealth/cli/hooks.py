@@ -115,17 +115,20 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
     _hook_setup("sidecar")
     flags = {} if interval is None else {"sidecar.interval_s": interval}
     cfg = ctx.config(flags)
-    raw = os.environ.get(LABELS_ENV)
+    from slurmhealth.hooks.job import clean_env
+
+    env = clean_env(os.environ)
+    raw = env.get(LABELS_ENV)
     labels = Job(**json.loads(raw)) if raw else None
     if labels is None or labels.job_id != job_id:
         labels = Job(
             job_id=job_id,
-            user=os.environ.get("SLURM_JOB_USER", os.environ.get("USER", "")),
-            account=os.environ.get("SLURM_JOB_ACCOUNT", ""),
-            partition=os.environ.get("SLURM_JOB_PARTITION", ""),
-            qos=os.environ.get("SLURM_JOB_QOS", ""),
-            node=os.environ.get("SLURMD_NODENAME", cfg.node_name),
-            nodes=os.environ.get("SLURM_JOB_NODELIST", ""),
+            user=env.get("SLURM_JOB_USER", env.get("USER", "")),
+            account=env.get("SLURM_JOB_ACCOUNT", ""),
+            partition=env.get("SLURM_JOB_PARTITION", ""),
+            qos=env.get("SLURM_JOB_QOS", ""),
+            node=env.get("SLURMD_NODENAME", cfg.node_name),
+            nodes=env.get("SLURM_JOB_NODELIST", ""),
         )
     sys.exit(Sidecar(cfg, labels, gpus or ()).run())
 

@@ -1,24 +1,31 @@
 """Where bundles live and how their files are written: paths, permissions, safe writes.
 
 A bundle is ``<evidence_dir>/<job_id>/<node>/`` (``evidence_dir`` may hold ``{node}``).
-It is readable by root, by the configured admin group and by the job's owner, nobody else:
-directories ``0750``, files ``0640``, owner = the job's uid (when known), group = the admin
-group (``evidence.admin_group``; empty = root). The job's owner owns those directories, so
-every write goes through directory file descriptors opened with ``O_NOFOLLOW``: a symlink
-planted in a bundle never redirects a root write or read elsewhere.
+It belongs to root, so the party a report judges cannot rewrite its evidence (DESIGN.md
+5b): directories ``0750``, files ``0640``, owner root, group the admin group
+(``evidence.admin_group``; empty = root), and a POSIX ACL entry that lets the job's user
+read it (``user:<uid>:r-x`` on directories, ``user:<uid>:r--`` on files). Every write
+still goes through directory file descriptors opened with ``O_NOFOLLOW``, so a symlink in
+a bundle (one left by an older version, which gave bundles to the job's user) never
+redirects a root write elsewhere; an old bundle's folders are taken back by root.
 """
 
 from __future__ import annotations
 
 import contextlib
 import grp
+import json
 import os
 import re
-import stat
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from slurmhealth import safe_read
 from slurmhealth.errors import UsageError
+from slurmhealth.trust import _ACL_XATTR, acl_granting
+from slurmhealth.trust import captured as captured  # re-exported for the evidence writers
+from slurmhealth.trust import reader_of as reader_of
+from slurmhealth.trust import trusted_manifest as trusted_manifest
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -28,6 +35,7 @@ FILE_MODE = 0o640
 ROOT_MODE = 0o711  # the evidence root: traverse only, so nobody lists other jobs
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"
+SCHEMA = "slurmhealth.evidence/1"
 _NAME_RE = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_.+-]{0,127}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -62,21 +70,31 @@ def admin_gid(group: str) -> tuple[int, str | None]:
 
 
 class Owner:
-    """Who a bundle's directories and files belong to."""
+    """Who a bundle's directories and files belong to: root (the writer), the admin group,
+    and ``reader`` (the job's uid, when known) through an ACL entry."""
 
-    def __init__(self, uid: int | None, gid: int) -> None:
-        self.uid = uid
+    def __init__(self, reader: int | None, gid: int) -> None:
+        self.reader = reader
         self.gid = gid
         self.notes: list[str] = []
 
     def apply(self, fd: int, mode: int) -> None:
-        os.fchmod(fd, mode)
         try:
-            os.fchown(fd, -1 if self.uid is None else self.uid, self.gid)
-        except PermissionError as exc:  # not root: the files stay ours
-            note = f"cannot chown evidence files ({exc.strerror}); they keep the writer's owner"
-            if note not in self.notes:
-                self.notes.append(note)
+            os.fchown(fd, os.geteuid(), self.gid)
+        except PermissionError as exc:  # not root: the files keep the writer's group
+            self._note(f"cannot chgrp evidence files ({exc.strerror}); they keep the writer's")
+        os.fchmod(fd, mode)
+        if self.reader is None or self.reader == os.geteuid():
+            return
+        try:
+            os.setxattr(fd, _ACL_XATTR, acl_granting(mode, self.reader))
+        except OSError as exc:
+            self._note(f"cannot give uid {self.reader} read access by ACL ({exc.strerror}): "
+                       "only root and the admin group can read this bundle")  # fmt: skip
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
 
 def subdir(parent_fd: int, name: str, owner: Owner) -> int:
@@ -131,17 +149,9 @@ def write_file(dir_fd: int, name: str, data: bytes, owner: Owner) -> None:
 def read_tail(dir_fd: int, name: str, nbytes: int) -> bytes | None:
     """The last ``nbytes`` of a regular, singly linked file in ``dir_fd``; None otherwise."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     dir_fd=dir_fd)  # fmt: skip
-    except OSError:
+        return safe_read.read_bytes(name, nbytes, dir_fd=dir_fd, tail=True, single_link=True)
+    except safe_read.Unsafe:
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
-            return None
-        return os.pread(fd, nbytes, max(0, st.st_size - nbytes))
-    finally:
-        os.close(fd)
 
 
 @contextlib.contextmanager
@@ -157,3 +167,24 @@ def open_existing(path: str, dir_fd: int | None = None) -> Iterator[int | None]:
         yield fd
     finally:
         os.close(fd)
+
+
+def file_entry(name: str, data: bytes, source: str) -> dict[str, object]:
+    import hashlib
+
+    return {"name": name, "source": source, "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest()}  # fmt: skip
+
+
+def vouch(dir_fd: int, entry: dict[str, object], owner: Owner, job_id: str, node: str) -> None:
+    """Put ``entry`` (a file just written, see :func:`file_entry`) into the manifest, or
+    start one that lists it (a summary written for a job whose bundle was not captured)."""
+    doc = trusted_manifest(dir_fd)
+    if doc is None:
+        doc = {"schema": SCHEMA, "job_id": job_id, "node": node, "reason": "summary only",
+               "uid": owner.reader, "files": []}  # fmt: skip
+    name = entry["name"]
+    files = [e for e in doc["files"] if not (isinstance(e, dict) and e.get("name") == name)]
+    doc["files"] = [*files, entry]
+    data = (json.dumps(doc, indent=1, default=str) + "\n").encode()
+    write_file(dir_fd, MANIFEST, data, owner)

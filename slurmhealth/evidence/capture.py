@@ -13,7 +13,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -26,22 +25,22 @@ from slurmhealth.evidence.sources import (
     Sink,
     find_py_spy,
     history_rows,
-    nccl_paths,
     py_spy_dumps,
     rdma_sources,
     run_command,
     tail_file,
 )
 from slurmhealth.evidence.summary import write_summary
+from slurmhealth.evidence.user_files import UserFiles, copy_user_files
 from slurmhealth.model_records import Job
+from slurmhealth.user_open import Rights
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
 
 __all__ = ["SCHEMA", "BundleResult", "capture", "write_summary"]
 
-SCHEMA = "slurmhealth.evidence/1"
-_SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.+-]")
+SCHEMA = bundle.SCHEMA
 
 
 @dataclass(frozen=True)
@@ -93,6 +92,11 @@ class _Request:
     driver: dict[str, str | None] = field(default_factory=dict)
     nvml_done: threading.Event = field(default_factory=threading.Event)
 
+    @property
+    def rights(self) -> Rights | None:
+        """The job's user's rights, for every path under the user's folders."""
+        return None if self.job.uid is None else Rights.of(self.job.uid, self.job.user)
+
 
 def _nvml(req: _Request, task: _Task, deadline: float) -> None:
     from slurmhealth.gpu import open_backend
@@ -137,20 +141,18 @@ def _kernel(req: _Request, task: _Task, deadline: float) -> None:
 
 def _nccl(req: _Request, task: _Task, deadline: float) -> None:
     ev = req.cfg.evidence
-    paths = nccl_paths(req.cfg, req.job)  # (evidence/sources.py)
-    if not paths:
-        task.skip = "no NCCL debug file matched evidence.nccl_globs"
-        return
-    if len(paths) > ev.nccl_max_files:
-        task.out().write(f"{len(paths)} files matched; first {ev.nccl_max_files} kept\n".encode())
-    for path in paths[: ev.nccl_max_files]:
-        if time.monotonic() >= deadline:
-            task.out().fail("no time left for the remaining NCCL files")
-            break
-        name = _SAFE_CHARS.sub("_", os.path.basename(path)).lstrip(".") or "log"
-        while f"nccl/{name}" in task.outputs:
-            name = f"_{name}"
-        tail_file(path, task.out(f"nccl/{name}"), ev.nccl_tail_kib * 1024, req.job.uid)
+    spec = UserFiles("NCCL debug", "evidence.nccl_globs", ev.nccl_globs, "nccl",
+                     ev.nccl_max_files, ev.nccl_tail_kib * 1024)  # fmt: skip
+    copy_user_files(req.job, req.rights, task, deadline, spec)
+
+
+def _dropped(req: _Request, task: _Task, deadline: float) -> None:
+    """The job's drop folder (``evidence.drop_globs``): what the job's user chose to add,
+    copied into ``user/`` and marked ``user-supplied`` in the manifest."""
+    ev = req.cfg.evidence
+    spec = UserFiles("user-supplied", "evidence.drop_globs", ev.drop_globs, "user",
+                     ev.drop_max_files, ev.drop_kib * 1024)  # fmt: skip
+    copy_user_files(req.job, req.rights, task, deadline, spec)
 
 
 def _host(req: _Request, task: _Task, deadline: float) -> None:
@@ -168,9 +170,9 @@ def _host(req: _Request, task: _Task, deadline: float) -> None:
     task.out().write(("\n".join(lines) + "\n").encode())
 
 
-def _tail(path: str, nbytes: int, uid: int | None) -> Callable[[_Task, float], None]:
+def _tail(path: str, nbytes: int, req: _Request) -> Callable[[_Task, float], None]:
     def run(task: _Task, deadline: float) -> None:
-        tail_file(path, task.out(), nbytes, uid)
+        tail_file(path, task.out(), nbytes, req.job.uid, req.rights)
 
     return run
 
@@ -208,11 +210,13 @@ def _plan(req: _Request, stdout_path: str | None, stderr_path: str | None,
         skipped["nvidia-smi"] = f"{ev.nvidia_smi} not found"
     add("kernel", "kernel.log", lambda t, d: _kernel(req, t, d))
     add("nccl", "nccl.txt", lambda t, d: _nccl(req, t, d))
+    if ev.drop_globs:
+        add("user-supplied", "user.txt", lambda t, d: _dropped(req, t, d))
     for source, path in (("stdout", stdout_path), ("stderr", stderr_path)):
         if not path:
             skipped[source] = "no path given"
             continue
-        add(source, f"{source}.tail", _tail(path, ev.output_tail_kib * 1024, req.job.uid))
+        add(source, f"{source}.tail", _tail(path, ev.output_tail_kib * 1024, req))
     db = cfg.db_path(req.job.node)
     for table in ("samples", "events"):
         add(table, f"{table}.jsonl", _rows(db, table, req))
@@ -301,6 +305,7 @@ def capture(
     gid, note = bundle.admin_gid(cfg.evidence.admin_group)
     owner = bundle.Owner(uid, gid)
     with bundle.open_bundle(cfg, job_id, node, owner) as dir_fd:
+        kept = _summary_entry(dir_fd)
         _write_blobs(dir_fd, blobs, owner)
         elapsed = time.monotonic() - t0
         truncated = any(e["truncated"] for e in entries)
@@ -309,7 +314,8 @@ def capture(
             "schema": SCHEMA, "job_id": job_id, "node": node, "reason": reason,
             "created": created, "user": user, "uid": uid, "gpus": list(gpus),
             "window": list(window), "budget_s": budget_s, "elapsed_s": round(elapsed, 3),
-            "truncated": truncated, "files": entries, "skipped": skipped, "notes": list(notes),
+            "truncated": truncated, "files": entries + kept, "skipped": skipped,
+            "notes": list(notes),
         }  # fmt: skip
         data = (json.dumps(manifest, indent=1, default=str) + "\n").encode()
         bundle.write_file(dir_fd, bundle.MANIFEST, data, owner)
@@ -342,6 +348,13 @@ def _run(tasks: list[_Task], t0: float, budget_s: float) -> None:
         threads.append(th)
     for th in threads:  # sources stop themselves at the deadline: give them a moment to
         th.join(max(0.0, deadline + reserve / 3 - time.monotonic()))  # kill and reap
+
+
+def _summary_entry(dir_fd: int) -> list[dict[str, Any]]:
+    """The summary's entry of the manifest a new capture replaces (the summary stays)."""
+    old = bundle.trusted_manifest(dir_fd)
+    files: list[Any] = old["files"] if old else []
+    return [e for e in files if isinstance(e, dict) and e.get("name") == bundle.SUMMARY]
 
 
 def _write_blobs(dir_fd: int, blobs: dict[str, bytes], owner: bundle.Owner) -> None:

@@ -9,22 +9,21 @@ at the deadline. Deadlines are ``time.monotonic()`` values.
 from __future__ import annotations
 
 import contextlib
-import glob
-import itertools
 import json
 import os
 import selectors
 import signal
-import stat
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from slurmhealth import safe_read
+from slurmhealth.user_open import Opened, Rights, open_paths
+
 if TYPE_CHECKING:
     from slurmhealth.config import Config
-    from slurmhealth.model_records import Job
 
 _CHUNK = 65536
 
@@ -132,65 +131,42 @@ def run_command(argv: Sequence[str], sink: Sink, deadline: float) -> int | None:
     return rc
 
 
-def _open_owned(path: str, uid: int | None) -> tuple[int, os.stat_result] | str:
-    """An fd of the regular file ``path`` and its stat, opened without following a final
-    symlink and, when ``uid`` is known, owned by it; else why not (one line)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        return f"cannot open {path}: {exc.strerror or exc}"
-    st = os.fstat(fd)
-    why = None
-    if not stat.S_ISREG(st.st_mode):
-        why = f"{path} is not a regular file"
-    elif uid is not None and st.st_uid != uid:
-        why = f"{path} belongs to uid {st.st_uid}, not the job's uid {uid}; not copied"
-    if why is not None:
-        os.close(fd)
-        return why
-    return fd, st
-
-
-def tail_file(path: str, sink: Sink, nbytes: int, uid: int | None = None) -> None:
+def tail_file(
+    path: str, sink: Sink, nbytes: int, uid: int | None = None, rights: Rights | None = None
+) -> None:
     """The last ``min(nbytes, sink.cap)`` bytes of the regular file ``path``.
 
-    The file is opened without following a final symlink; when ``uid`` is known it must own
-    the file (a job's user must not get root to copy someone else's file into the bundle).
-    """
-    opened = _open_owned(path, uid)
-    if isinstance(opened, str):
-        sink.fail(opened)
+    Opened with ``rights`` (the job's user: :mod:`slurmhealth.user_open`) when given, never
+    following a final symlink nor blocking on a FIFO; when ``uid`` is known it must own the
+    file (a job's user must not get root to copy someone else's file into the bundle)."""
+    opened, note = open_paths([path], rights, max_files=1, timeout_s=2.0)
+    if note:
+        sink.fail(note)
+    for one in opened:
+        tail_opened(one, sink, nbytes, uid)
+    if not opened and not note:
+        sink.fail(f"cannot open {path}")
+
+
+def tail_opened(one: Opened, sink: Sink, nbytes: int, uid: int | None) -> None:
+    """Into ``sink``: the tail of a file :func:`open_paths` opened (closes its fd)."""
+    if one.fd is None:
+        sink.fail(f"cannot open {one.path}: {one.error}")
         return
-    fd, st = opened
     try:
-        want = min(nbytes, sink.cap)
-        start = max(0, st.st_size - want)
-        end = st.st_size
-        off = start
-        while off < end:  # a file that still grows is read up to its size at open
-            chunk = os.pread(fd, min(_CHUNK * 16, end - off), off)
-            if not chunk or not sink.write(chunk):
-                break
-            off += len(chunk)
-        if start > 0:
-            sink.truncated = True
+        st = safe_read.check_fd(one.fd, one.path, uid=uid)
+        data = safe_read.read_fd(one.fd, st, one.path, min(nbytes, sink.cap), tail=True)
+    except safe_read.Unsafe as exc:
+        note = str(exc)
+        if "belongs to uid" in note:
+            note += " (the job's uid); not copied"
+        sink.fail(note)
+        return
     finally:
-        os.close(fd)
-
-
-def head_file(path: str, nbytes: int, uid: int | None = None) -> bytes | None:
-    """The first ``nbytes`` of the regular file ``path`` (the same rules as
-    :func:`tail_file`); None when it cannot be read."""
-    opened = _open_owned(path, uid)
-    if isinstance(opened, str):
-        return None
-    fd, _st = opened
-    try:
-        return os.pread(fd, nbytes, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+        os.close(one.fd)
+    sink.write(data)
+    if st.st_size > len(data):
+        sink.truncated = True
 
 
 def history_rows(
@@ -311,33 +287,3 @@ def _into_sink(read: Callable[..., object]) -> Callable[[Any, float], None]:
         read(task.out(), deadline)
 
     return run
-
-
-def _home(user: str, uid: int | None) -> str:
-    import pwd
-
-    try:
-        if user:
-            return pwd.getpwnam(user).pw_dir
-        if uid is not None:
-            return pwd.getpwuid(uid).pw_dir
-    except KeyError:
-        pass
-    return ""
-
-
-def nccl_paths(cfg: Config, job: Job) -> list[str]:
-    """The job's NCCL debug files: ``evidence.nccl_globs`` with ``{job_id}``, ``{user}`` and
-    ``{home}`` filled in (escaped), sorted; at most 4 x ``nccl_max_files`` per glob. Used by
-    the capture and by the sidecar's NCCL watch."""
-    ev = cfg.evidence
-    home = _home(job.user, job.uid)
-    values = {"{job_id}": job.job_id, "{user}": job.user, "{home}": home}
-    paths: list[str] = []
-    for pattern in ev.nccl_globs:
-        if any(key in pattern and not value for key, value in values.items()):
-            continue  # e.g. {home} of an unknown user
-        for key, value in values.items():
-            pattern = pattern.replace(key, glob.escape(value))
-        paths.extend(itertools.islice(glob.iglob(pattern), ev.nccl_max_files * 4))
-    return sorted(set(paths))

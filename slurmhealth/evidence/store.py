@@ -79,7 +79,7 @@ def list_bundles(cfg: Config) -> list[dict[str, Any]]:
                     manifest = None
             out.append({
                 "job": job.name, "node": node.name, "path": node.path, "size": size,
-                "files": files, "mtime": mtime, "captured": manifest is not None,
+                "files": files, "mtime": mtime, "captured": bundle.captured(manifest),
                 "reason": (manifest or {}).get("reason"),
                 "truncated": (manifest or {}).get("truncated"),
             })  # fmt: skip

@@ -106,8 +106,10 @@ def write_summary(
     uid: int | None = None,
 ) -> Written:
     """Write ``<evidence_dir>/<job_id>/<node>/summary.json`` (``NodeFacts.to_dict()``) with
-    the bundle's permissions; return its path and what it holds. ``logs`` default: tails of
-    the bundle's stderr, NCCL, kernel and stack files, ``evidence.summary_log_kib`` each.
+    the bundle's permissions and its sha256 in the bundle's manifest (a new one listing
+    only the summary when no bundle was captured); return its path and what it holds.
+    ``logs`` default: tails of the bundle's stderr, NCCL, kernel and stack files,
+    ``evidence.summary_log_kib`` each.
     ``uid`` default: the ``jobs`` row's."""
     path = bundle_dir or bundle.bundle_path(cfg, job_id, node)
     cap = cfg.evidence.summary_log_kib * 1024
@@ -115,7 +117,7 @@ def write_summary(
     nccl: dict[str, Any] = {}
     with bundle.open_existing(path) as fd:
         if fd is not None:
-            have_manifest = bundle.read_tail(fd, bundle.MANIFEST, 1) is not None
+            have_manifest = bundle.captured(bundle.trusted_manifest(fd))
             if logs is None:
                 logs = bundle_logs(fd, cap)
             nccl = bundle_nccl(fd, cfg.evidence.nccl_tail_kib * 1024)
@@ -132,4 +134,6 @@ def write_summary(
         ctx = bundle.open_dir(parent, [name], owner)
     with ctx as dir_fd:
         bundle.write_file(dir_fd, bundle.SUMMARY, data, owner)
+        bundle.vouch(dir_fd, bundle.file_entry(bundle.SUMMARY, data, "summary"), owner,
+                     job_id, node)  # fmt: skip
     return Written(os.path.join(path, bundle.SUMMARY), summary)

@@ -16,7 +16,33 @@ from slurmhealth.slurm import SlurmBackend, SlurmError
 log = logging.getLogger("slurmhealth.hooks")
 
 
+def clean_env(env: Mapping[str, str]) -> dict[str, str]:
+    """Slurm's ``SLURM*`` variables as text every later step can store and print.
+
+    Python decodes the environment with ``surrogateescape``, so a value with bytes that are
+    not UTF-8 (a partition, job name or comment the job's user chose) carries lone
+    surrogates that break the first ``.encode()`` (the prolog died of UnicodeEncodeError
+    before). Such a value keeps its valid text and shows each bad byte as U+FFFD; a NUL or
+    an over-long value (64 KiB) is cut there. One warning names the variables changed."""
+    out: dict[str, str] = {}
+    changed = []
+    for key, value in env.items():
+        if key.startswith("SLURM"):
+            raw = value.encode("utf-8", "surrogateescape")[: 64 << 10].split(b"\0")[0]
+            text = raw.decode("utf-8", "replace")
+            if text != value:
+                changed.append(key.encode("utf-8", "replace").decode("utf-8", "replace"))
+            value = text
+        out[key] = value
+    if changed:
+        log.warning("environment: %s not valid UTF-8 (or over-long): bad bytes shown as U+FFFD",
+                    ", ".join(sorted(changed)))  # fmt: skip
+    return out
+
+
 def job_from_env(env: Mapping[str, str], node: str) -> Job:
+    """The job from Slurm's environment, every value decoded defensively (:func:`clean_env`)."""
+    env = clean_env(env)
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not job_id:
         raise UsageError("SLURM_JOB_ID is not set: run this from Slurm's Prolog/Epilog")

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from slurmhealth import access
+from slurmhealth import access, trust
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, stragglers
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict
@@ -109,7 +109,8 @@ def build_report(
     Raises :class:`PermissionDenied` (exit 4) or :class:`UsageError` (unknown job, exit 2).
     """
     job_id = _check_id(job_id)
-    summaries = src.summaries(cfg, job_id)
+    tampered: dict[str, str] = {}
+    summaries = src.summaries(cfg, job_id, tampered)
     job, owner, dbs, unreadable = src.scan(cfg, job_id, summaries)
     try:
         where, private = _searched(cfg, job_id, dbs)
@@ -138,7 +139,15 @@ def build_report(
         for d in dbs:
             d.db.close()
     read_from = _Read(tuple(sources), tuple(evidence), tuple(incidents), tuple(where))
-    return _assemble(cfg, job_id, facts, diagnoses, read_from, window_s, now)
+    report = _assemble(cfg, job_id, facts, diagnoses, read_from, window_s, now)
+    return replace(report, unreached=_tampered(tampered)) if tampered else report
+
+
+def _tampered(tampered: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """Each summary the report did not trust, as an unreached source: "tampered"."""
+    for path, why in tampered.items():
+        log.warning("%s tampered (%s): not used; the node's history is", path, why)
+    return tuple((path, f"tampered: {why}; not used") for path, why in tampered.items())
 
 
 class _Ask(NamedTuple):
@@ -271,23 +280,20 @@ def _private(path: str) -> bool:
 
 
 def _summary_owner(found: src.Summaries) -> int | None:
-    """The job's uid from its summaries: root gives each the job's owner (the folders they
-    sit in are that user's, under a root-owned evidence root), so one non-root owner of them
-    all is the job's."""
-    uids = set()
-    for path, _data in found.values():
-        with contextlib.suppress(OSError):
-            uids.add(os.stat(path).st_uid)
-    return uids.pop() if len(uids) == 1 and 0 not in uids else None
+    """The job's uid from its summaries: root lets the job's owner read each (an ACL entry
+    of its bundle folder; an older bundle's folder was the owner's), so one uid all of
+    them name is the job's."""
+    uids = {trust.reader_of(os.path.dirname(path)) for path, _data in found.values()}
+    return uids.pop() if len(uids) == 1 and None not in uids else None
 
 
 def _folder_owner(cfg: Config, job_id: str) -> int | None:
-    """The uid root gave the job's evidence folder (traversable, not listable, by anyone)."""
+    """The uid root lets read the job's evidence folder (traversable, not listable, by
+    anyone; its ACL is readable by anyone who can look it up)."""
     for path in glob.glob(os.path.join(src.evidence_root(cfg, "*"), job_id)):
-        with contextlib.suppress(OSError):
-            uid = os.lstat(path).st_uid
-            if uid != 0:
-                return uid
+        uid = trust.reader_of(path)
+        if uid is not None:
+            return uid
     return None
 
 

@@ -1,5 +1,7 @@
-"""A job's per-GPU stats from Prometheus: the sidecars' series by ``job_id``
-(docs/metrics.md), for a report made where no node history is in reach (a login node).
+"""A job's per-GPU stats from Prometheus: the sidecars' series by ``job_id``, or where
+they carry no job labels (``[metrics] job_labels = "info"``) the job's own samples of its
+GPUs' series (``prom_spans``; docs/metrics.md), for a report made where no node history is
+in reach (a login node).
 
 :meth:`PromSource.gpu_stats` gives the :class:`GpuStats` the node histories give
 (``report.collect``). First the stats each node's epilog published after the job
@@ -43,14 +45,15 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import UsageError
 from slurmhealth.history.rollups import BUCKET_S, BUSY_PCT, IDLE_PCT
 from slurmhealth.prom_client import Call, PromClient
+from slurmhealth.report import prom_spans
 from slurmhealth.report.collect import HW_THROTTLE, MAX_SERIES
 from slurmhealth.report.prom_answers import (
     Key,
@@ -67,11 +70,10 @@ from slurmhealth.report.prom_answers import (
     throttle_counts,
     uuids_of,
 )
+from slurmhealth.report.prom_spans import EDGE_S, SLACK_S, Window
 
 P = "slurmhealth_"
-SLACK_S = 120.0  # the sidecar samples from the prolog to the epilog, around Slurm's times
 FINAL_S = 900.0  # after the job's end: when its nodes' epilogs publish its stats
-EDGE_S = 900.0  # the job's first and last minutes: counters' ends, the sampling step
 SWING_BUDGET = 300_000  # subquery evaluations (GPUs x steps) the swing count may cost
 MAX_P5_QUERIES = 16
 # plot points of one job, all GPUs together (a 16-node x 8-GPU job keeps 300 per GPU; a
@@ -103,45 +105,7 @@ _DELTAS = {
 }
 
 
-@dataclass(frozen=True)
-class _Window:
-    """One job's selector and times: evaluated ``at`` its end (plus slack) over ``span``."""
-
-    sel: str
-    start: float
-    end: float
-    at: float
-    span: str  # the range of the whole window, e.g. "605040s"
-    stride: int  # seconds per plot point (whole rollup buckets)
-
-    def m(self, series: str, extra: str = "") -> str:
-        return f"{P}{series}{{{self.sel}{extra}}}"
-
-    def on(self, nodes: Iterable[str], inside: bool) -> _Window:
-        """The window's series on ``nodes`` only (``inside``), or on every other node."""
-        nodes = set(nodes)
-        if not nodes:
-            return self
-        op = "=~" if inside else "!~"
-        return dataclasses.replace(self, sel=f"{self.sel},node{op}{_alternatives(nodes)}")
-
-    def strides(self) -> tuple[float, float]:
-        """The first and last times to evaluate a stride's ``[stride - 1 ms]`` range at:
-        1 ms before each stride's end ``B``, so each covers ``[B - stride, B)`` (ms
-        timestamps), the history's rollup buckets when the stride is one: each sample in
-        exactly one, a sample on a bucket's edge in the bucket it starts. Reported at ``B``
-        (:func:`stride_end`)."""
-        first = (math.floor((self.start - SLACK_S) / self.stride) + 1) * self.stride
-        return first - 0.001, (math.floor(self.at / self.stride) + 1) * self.stride - 0.001
-
-
-def _quote(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _alternatives(values: Iterable[str]) -> str:
-    """A PromQL regex literal matching exactly ``values``."""
-    return _quote("|".join(re.escape(v) for v in sorted(set(values))))
+_quote, _alternatives = prom_spans.quote, prom_spans.alternatives
 
 
 class PromSource:
@@ -169,6 +133,7 @@ class PromSource:
         w = _window(job_id, start, end, series_points)
         deadline = time.monotonic() + self.timeout_s
         self.skipped = ()  # (only the series path skips a field)
+        w = self._attribute(w, deadline)
         done = self._final_stats(w, deadline) if final else {}
         nodes = {node for node, _ in done}
         rest = w.on(nodes, False)
@@ -178,8 +143,9 @@ class PromSource:
         if done:
             counts = {key: float(stats.samples) for key, stats in done.items()}
             points = plot_points(series_points, len(done))
+            stride = _window(job_id, start, end, points).stride
             plots = self._plots(
-                _window(job_id, start, end, points).on(nodes, True), points, counts, deadline
+                dataclasses.replace(w, stride=stride).on(nodes, True), points, counts, deadline
             )
             for key, stats in sorted(done.items()):
                 series = tuple(plots.get(key, ()))
@@ -188,9 +154,27 @@ class PromSource:
             node: tuple(sorted(gpus, key=lambda g: g.gpu)) for node, gpus in sorted(out.items())
         }
 
-    def _final_stats(self, w: _Window, deadline: float) -> dict[Key, GpuStats]:
+    def _attribute(self, w: Window, deadline: float) -> Window:
+        return prom_spans.attribute(self.client, w, deadline)
+
+    def _final_stats(self, w: Window, deadline: float) -> dict[Key, GpuStats]:
         """The stats the nodes' epilogs published after the job (final_series)."""
         at, span = w.end + FINAL_S, f"{FINAL_S + SLACK_S:.0f}s"
+        if w.spans:  # without job labels: the newest scrape that names the job (prom_spans)
+            ids = f"{final_series.STAT}{{stat={_quote(final_series.JOB_STAT)},{w.sel}}}[{span}]"
+            got = self.client.gather({"n": partial(self.client.query_samples, ids, at)},
+                                     deadline)["n"]  # fmt: skip
+            by_node = {s.node: s for s in w.spans}
+            newest = prom_spans.newest_naming(w.job_id, prom_spans.clip_keys(got, by_node))
+            if not newest:
+                return {}
+            calls = {
+                name: partial(self.client.query, prom_spans.at_scrapes(family, newest), at)
+                for name, family in (("stat", final_series.STAT),
+                                     ("throttle", final_series.THROTTLE))
+            }  # fmt: skip
+            found = self.client.gather(calls, deadline)
+            return final_stats(found["stat"], found["throttle"])
         calls = {
             name: partial(self.client.query, f"last_over_time({family}{{{w.sel}}}[{span}])", at)
             for name, family in (("stat", final_series.STAT), ("throttle", final_series.THROTTLE))
@@ -198,39 +182,35 @@ class PromSource:
         found = self.client.gather(calls, deadline)
         return final_stats(found["stat"], found["throttle"])
 
-    def _has_series(self, w: _Window, deadline: float) -> bool:
+    def _has_series(self, w: Window, deadline: float) -> bool:
         """Whether any sidecar of the job exported series in ``w`` (one series per node)."""
-        expr = f"count(count_over_time({w.m('sidecar_samples_total')}[{w.span}]))"
+        expr = f"count(count_over_time({w.jm('sidecar_samples_total')}[{w.span}]))"
         calls: dict[str, Call] = {"n": partial(self.client.query, expr, w.at)}
         return bool(self.client.gather(calls, deadline)["n"])
 
     def _plots(
-        self, w: _Window, series_points: int, counts: Mapping[Key, float], deadline: float
+        self, w: Window, series_points: int, counts: Mapping[Key, float], deadline: float
     ) -> dict[Key, Points]:
         """Utilisation and power to plot: every sample of a job short enough, else the
         mean of each stride (as the history's plots)."""
         if series_points <= 0:
             return {}
         if max(counts.values(), default=0) <= series_points:
-            answers = self.client.gather(self._raw_calls(w), deadline)
+            answers = self._clipped(w, self.client.gather(self._raw_calls(w), deadline))
             return raw_series(answers["raw_util"], answers["raw_power"])
-        first, last = w.strides()
-        calls: dict[str, Call] = {
-            name: partial(self.client.query_range,
-                          f"avg_over_time({w.m(series)}[{w.stride * 1000 - 1}ms])",
-                          first, last, w.stride)
-            for name, series in _SUMMED.items()
-        }  # fmt: skip
-        answers = self.client.gather(calls, deadline)
+        calls: dict[str, Call] = {}
+        for name, series in _SUMMED.items():
+            calls.update(self._strided_calls(w, name, "avg_over_time", series))
+        answers = self._strided(w, self.client.gather(calls, deadline))
         plots = raw_series(answers["util"], answers["power"])
         return {key: [(stride_end(t, w.end), u, p) for t, u, p in pts]
                 for key, pts in plots.items()}  # fmt: skip
 
     def _series_stats(
-        self, w: _Window, series_points: int, deadline: float
+        self, w: Window, series_points: int, deadline: float
     ) -> dict[str, list[GpuStats]]:
         """Each GPU's stats computed from its series in ``w``."""
-        first = self.client.gather(self._first_calls(w), deadline)
+        first = self._strided(w, self.client.gather(self._first_calls(w), deadline))
         values = {name: per_gpu(first[name], how) for name, (_, _, how) in _EXTREMES.items()}
         values.update({name: per_gpu(first[name], sum) for name in ("nvlink", "replay")})
         values["mem_total"] = per_gpu(first["mem_total"], max)
@@ -250,7 +230,7 @@ class PromSource:
         calls.update(
             self._delta_calls(w, {n: {k for k in keys if k not in values[n]} for n in _DELTAS})
         )
-        second = self.client.gather(calls, deadline)
+        second = self._clipped(w, self.client.gather(calls, deadline))
         for name in _DELTAS:  # GPUs whose counters did not span the job's first and last minutes
             values[name] = {**per_gpu(second.get(f"{name}_all", []), sum), **values[name]}
         self.skipped = () if swings is not None or not keys else ("util_swings",)
@@ -274,36 +254,64 @@ class PromSource:
             ))  # fmt: skip
         return out
 
-    def _first_calls(self, w: _Window) -> dict[str, Call]:
+    def _first_calls(self, w: Window) -> dict[str, Call]:
         exprs = {
-            name: f"{fn}({w.m(series)}[{w.span}])" for name, (fn, series, _) in _EXTREMES.items()
+            name: w.each(lambda s, fn=fn, series=series: f"{fn}({s.m(series)}{s.all})")  # type: ignore[misc]
+            for name, (fn, series, _) in _EXTREMES.items()
         }
-        edge, early = f"[{EDGE_S:.0f}s]", f"@ {w.start - SLACK_S + EDGE_S:.3f}"
         for name, (series, extra) in _DELTAS.items():
-            m = w.m(series, extra)
-            exprs[name] = f"max_over_time({m}{edge}) - min_over_time({m}{edge} {early})"
-        exprs["mem_total"] = f"max_over_time({w.m('gpu_memory_total_bytes')}{edge})"
+            exprs[name] = w.each(lambda s, m=series, x=extra: f"(max_over_time({s.m(m, x)}"  # type: ignore[misc]
+                                 f"{s.last}) - min_over_time({s.m(m, x)}{s.first}))")  # fmt: skip
+        exprs["mem_total"] = w.each(lambda s: f"max_over_time({s.m('gpu_memory_total_bytes')}"
+                                    f"{s.last})")  # fmt: skip
         # a GPU that fell off the bus before the sidecar's first sample has gpu_up (0) only
-        exprs["present"] = f"max_over_time({w.m('gpu_up')}{edge})"
-        reasons = _alternatives(HW_THROTTLE.values())
-        active = w.m("gpu_clock_event_active", f",reason=~{reasons}")
-        exprs["throttle"] = f"count_over_time({active}[{w.span}])"
+        exprs["present"] = w.each(lambda s: f"max_over_time({s.m('gpu_up')}{s.last})")
+        reasons = f",reason=~{_alternatives(HW_THROTTLE.values())}"
+        exprs["throttle"] = w.each(lambda s: f"count_over_time("
+                                   f"{s.m('gpu_clock_event_active', reasons)}{s.all})")  # fmt: skip
         calls: dict[str, Call] = {
             name: partial(self.client.query, expr, w.at) for name, expr in exprs.items()
         }
+        edge = f"[{EDGE_S:.0f}s]"
         calls["steps"] = partial(
-            self.client.query_samples, f"{w.m('sidecar_samples_total')}{edge}", w.at
+            self.client.query_samples, f"{w.jm('sidecar_samples_total')}{edge}", w.at
         )
-        first, last = w.strides()
         for name, series in _SUMMED.items():
             for fn, suffix in (("sum_over_time", "sum"), ("count_over_time", "n")):
-                expr = f"{fn}({w.m(series)}[{w.stride * 1000 - 1}ms])"
-                calls[f"{name}_{suffix}"] = partial(
-                    self.client.query_range, expr, first, last, w.stride
-                )
+                calls.update(self._strided_calls(w, f"{name}_{suffix}", fn, series))
         return calls
 
-    def _p5_calls(self, w: _Window, counts: Mapping[Key, float]) -> dict[str, Call]:
+    def _strided_calls(self, w: Window, name: str, fn: str, series: str) -> dict[str, Call]:
+        """``fn`` of ``series`` over each plot stride, one range query (and, without job
+        labels, the job's part of each node's first and last stride: :meth:`_strided`)."""
+        first, last = w.strides()
+        expr = f"{fn}({w.m(series)}[{w.stride * 1000 - 1}ms])"
+        calls: dict[str, Call] = {name: partial(self.client.query_range, expr, first, last,
+                                                w.stride)}  # fmt: skip
+        if w.spans:
+            edges = prom_spans.edge_expr(fn, series, w.spans, w.stride)
+            calls[f"{name}:edges"] = partial(self.client.query, edges, w.at)
+        return calls
+
+    def _strided(self, w: Window, answers: dict[str, Any]) -> dict[str, Any]:
+        """``answers`` with each strided matrix kept to the job's samples (no job labels)."""
+        if not w.spans:
+            return answers
+        out = {k: v for k, v in answers.items() if not k.endswith(":edges")}
+        for name in out:
+            if f"{name}:edges" in answers:
+                out[name] = prom_spans.fix_strides(out[name], answers[f"{name}:edges"],
+                                                   w.spans, w.stride)  # fmt: skip
+        return out
+
+    def _clipped(self, w: Window, answers: dict[str, Any]) -> dict[str, Any]:
+        """``answers`` with every sample read (``raw_*``) kept to the job's (no job labels)."""
+        if not w.spans:
+            return answers
+        return {k: prom_spans.clip(v, w.spans) if k.startswith("raw_") else v
+                for k, v in answers.items()}  # fmt: skip
+
+    def _p5_calls(self, w: Window, counts: Mapping[Key, float]) -> dict[str, Call]:
         """``quantile_over_time`` at the rank the history's p5 takes, ``int(0.05 * (n - 1))``
         (nudged 1e-6 up: no interpolation with the next sample), per distinct count ``n``."""
         by_count: dict[int, set[str]] = {}
@@ -313,15 +321,20 @@ class PromSource:
         calls: dict[str, Call] = {}
         for n in ranked[:MAX_P5_QUERIES]:
             phi = min(1.0, (int(0.05 * (n - 1)) + 1e-6) / (n - 1)) if n > 1 else 0.0
-            util = w.m("gpu_utilization_ratio", f",node=~{_alternatives(by_count[n])}")
-            expr = f"quantile_over_time({phi!r}, {util}[{w.span}])"
+            expr = w.on(by_count[n], True).each(
+                lambda s, phi=phi: (
+                    f"quantile_over_time({phi!r}, "  # type: ignore[misc]
+                    f"{s.m('gpu_utilization_ratio')}{s.all})"
+                )
+            )
             calls[f"p5:{n}"] = partial(self.client.query, expr, w.at)
         if len(ranked) > MAX_P5_QUERIES:
-            expr = f"quantile_over_time(0.05, {w.m('gpu_utilization_ratio')}[{w.span}])"
+            expr = w.each(lambda s: f"quantile_over_time(0.05, {s.m('gpu_utilization_ratio')}"
+                          f"{s.all})")  # fmt: skip
             calls["p5:"] = partial(self.client.query, expr, w.at)
         return calls
 
-    def _swings_expr(self, w: _Window, step: float | None, gpus: int) -> str | None:
+    def _swings_expr(self, w: Window, step: float | None, gpus: int) -> str | None:
         """Changes of the idle/busy mark at half the sampling step (each sample seen even
         when the scrapes jitter), or None when that costs more than :data:`SWING_BUDGET`."""
         if step is None or step <= 0:
@@ -329,23 +342,26 @@ class PromSource:
         sub_ms = max(1, int(step * 500))
         if gpus * (w.end - w.start + 2 * SLACK_S) * 1000 / sub_ms > SWING_BUDGET:
             return None
-        util = w.m("gpu_utilization_ratio")
-        mark = f"floor(({util} - {_IDLE!r}) / {_SPAN!r}) != 0"
-        return f"changes(({mark})[{w.span}:{sub_ms}ms])"
 
-    def _delta_calls(self, w: _Window, short: Mapping[str, set[Key]]) -> dict[str, Call]:
+        def term(s: prom_spans.Span) -> str:
+            mark = f"floor(({s.m('gpu_utilization_ratio')} - {_IDLE!r}) / {_SPAN!r}) != 0"
+            return f"changes(({mark})[{s.rng}:{sub_ms}ms]{s.at})"
+
+        return w.each(term)
+
+    def _delta_calls(self, w: Window, short: Mapping[str, set[Key]]) -> dict[str, Call]:
         """A counter's max - min over the whole window, on the nodes of the GPUs whose
         counter missed a value at an end (lost mid-job; none at all: nothing to read)."""
         calls: dict[str, Call] = {}
         for name, (series, extra) in _DELTAS.items():
             if short.get(name):
-                nodes = f",node=~{_alternatives(node for node, _ in short[name])}"
-                m = f"{w.m(series, extra + nodes)}[{w.span}]"
-                expr = f"max_over_time({m}) - min_over_time({m})"
+                on = w.on({node for node, _ in short[name]}, True)
+                expr = on.each(lambda s, m=series, x=extra: f"(max_over_time({s.m(m, x)}"  # type: ignore[misc]
+                               f"{s.all}) - min_over_time({s.m(m, x)}{s.all}))")  # fmt: skip
                 calls[f"{name}_all"] = partial(self.client.query, expr, w.at)
         return calls
 
-    def _raw_calls(self, w: _Window) -> dict[str, Call]:
+    def _raw_calls(self, w: Window) -> dict[str, Call]:
         """Every sample of utilisation and power (a job short enough to plot them all)."""
         return {
             f"raw_{name}": partial(self.client.query_samples, f"{w.m(series)}[{w.span}]", w.at)
@@ -360,7 +376,7 @@ def plot_points(series_points: int, gpus: int) -> int:
     return min(series_points, max(MIN_PLOT_POINTS, MAX_PLOT_POINTS // max(1, gpus)))
 
 
-def _window(job_id: str, start: float, end: float, points: int) -> _Window:
+def _window(job_id: str, start: float, end: float, points: int) -> Window:
     if not _JOB_ID.fullmatch(job_id):
         raise UsageError(f"job id {job_id!r} is not one Slurm gives (digits, _ + . -)")
     if not (math.isfinite(start) and math.isfinite(end)) or end < start:
@@ -368,4 +384,5 @@ def _window(job_id: str, start: float, end: float, points: int) -> _Window:
     buckets = max(1, math.ceil((end - start) / BUCKET_S))
     stride = BUCKET_S * math.ceil(buckets / max(1, points or MAX_SERIES))
     span = f"{math.ceil(end - start + 2 * SLACK_S)}s"
-    return _Window(f"job_id={_quote(job_id)}", start, end, end + SLACK_S, span, stride)
+    sel = f"job_id={_quote(job_id)}"
+    return Window(sel, start, end, end + SLACK_S, span, stride, job=sel, job_id=job_id)

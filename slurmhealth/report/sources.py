@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from slurmhealth import safe_read, trust
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
 from slurmhealth.history import read
@@ -97,23 +97,26 @@ def _state_rank(state: str) -> int:
 
 
 def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
+    """A bundle file as JSON (no symlink, FIFO or device followed; capped), else None."""
+    return safe_read.read_json_or_none(path, safe_read.MANIFEST_MAX)
 
 
 def evidence_root(cfg: Config, node: str) -> str:
     return cfg.paths.evidence_dir.replace("{node}", node)
 
 
-def summaries(cfg: Config, job_id: str) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Every node's ``summary.json`` of the job in the shared evidence dir, by node."""
+def summaries(
+    cfg: Config, job_id: str, tampered: dict[str, str] | None = None
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every node's ``summary.json`` of the job in the shared evidence dir, by node: only
+    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.trust`);
+    the others go to ``tampered`` (path -> why) and are not used."""
     out = {}
     pattern = os.path.join(evidence_root(cfg, "*"), job_id, "*", "summary.json")
     for path in sorted(glob.glob(pattern)):
-        data = _read_json(path)
+        data, why = trust.check_summary(path)
+        if why is not None and tampered is not None:
+            tampered[path] = why
         if isinstance(data, dict) and data.get("node"):
             out[str(data["node"])] = (path, data)
     return out
@@ -254,6 +257,8 @@ def node_evidence(cfg: Config, job_id: str, nf: NodeFacts, source: str) -> NodeE
     data = _read_json(manifest) if os.path.exists(manifest) else None
     entries: Any = data.get("files", data.get("entries")) if isinstance(data, dict) else data
     for item in entries if isinstance(entries, list) else []:
+        if isinstance(item, dict) and item.get("name") == "summary.json":
+            continue  # listed for its sha256; shown as the node's summary
         entry = _file_entry(item if isinstance(item, dict) else {"path": item}, folder)
         files.setdefault(str(entry["path"]), entry)
     bundle = nf.bundle_dir or (folder if os.path.isdir(folder) else None)

@@ -143,8 +143,8 @@ def _print_tail(report: Report, con: Any) -> None:
     if any(s == "accounting" for _n, s, _p in report.sources):  # no node's records reached
         used = dict.fromkeys(f"{s} ({p})" for _n, s, p in report.sources)
         con.print(Text("read from Slurm accounting: " + ", ".join(used), style="bold"))
-        for source, why in report.unreached:
-            _indented(con, 2, Text(f"not used: {source}: {why}", style="dim"))
+    for source, why in report.unreached:  # e.g. a summary its manifest does not vouch for
+        _indented(con, 2, Text(f"not used: {source}: {why}", style="dim"))
     root = layout.evidence_dir(report)
     if report.evidence:
         con.print(Text("evidence" + (f" in {root}" if root else ""), style="bold"))

@@ -14,7 +14,6 @@ import glob
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from slurmhealth.config import Config
 from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.export_state import write_atomic
 from slurmhealth.model_records import Job
-from slurmhealth.sidecar.files import SidecarFiles
+from slurmhealth.sidecar.files import SidecarFiles, make_job_dir, release_job_dir
 
 log = logging.getLogger("slurmhealth.sidecar")
 LABELS_ENV = "SLURMHEALTH_SIDECAR_LABELS"
@@ -41,9 +40,7 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
     section 4: verified with proctrack/linuxproc). Returns its pid; never raises."""
     files = SidecarFiles.of(cfg, job.node, job.job_id)
     try:
-        os.makedirs(files.job_dir, mode=0o700, exist_ok=True)  # the task-metrics channel
-        if job.uid is not None:
-            os.chown(files.job_dir, job.uid, -1)
+        make_job_dir(files.job_dir, job.uid, cfg.sidecar.job_dir_max_bytes)  # task channel
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
         env = {**os.environ, LABELS_ENV: json.dumps(asdict(job)), RUN_DIR_ENV: files.run_dir}
         cmd = [sys.executable, "-m", "slurmhealth", "sidecar", "--job", job.job_id]
@@ -175,7 +172,7 @@ def stop_sidecar(cfg: Config, node: str, job_id: str) -> str:
     for path in (files.pid, files.export, *_leftovers(cfg, node, job_id)):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a killed sidecar's series go with its file
-    shutil.rmtree(files.job_dir, ignore_errors=True)
+    release_job_dir(files.job_dir)
     return outcome
 
 
@@ -223,7 +220,8 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
         if not gpus or mc.final_linger_s <= 0:  # (the exporter's port may come from argv)
             remove_expired_finals(files.run_dir, mc.final_linger_s, now)  # (turned off?)
             return False
-        data = encode_families(families(job, job.node, gpus), job.job_id, os.getpid(), now)
+        fams = families(job, job.node, gpus, mc.job_labels)
+        data = encode_families(fams, job.job_id, os.getpid(), now)
         write_final(files.run_dir, job.job_id, data, mc.final_linger_s, now)
     except Exception as exc:  # best effort, like the evidence: the epilog's verdict stands
         log.warning("the job's stats were not published for Prometheus: %s: %s",

@@ -70,11 +70,8 @@ class NcclWatch:
         return [Event(now, "nccl_socket", severity, text, evidence=evidence)]
 
     def _texts(self) -> list[str]:
-        from slurmhealth.evidence.sources import head_file, nccl_paths
+        from slurmhealth.evidence.user_files import read_heads
 
-        out = []
-        for path in nccl_paths(self.cfg, self.job)[: self.cfg.evidence.nccl_max_files]:
-            data = head_file(path, HEAD_BYTES, self.job.uid)
-            if data:
-                out.append(data.decode("utf-8", "replace"))
-        return out
+        ev = self.cfg.evidence
+        heads = read_heads(ev.nccl_globs, self.job, ev.nccl_max_files, HEAD_BYTES)
+        return [data.decode("utf-8", "replace") for data in heads if data]

@@ -88,7 +88,8 @@ class Sidecar:
         mc = cfg.metrics
         self._collector = SidecarCollector(self.state, mode=mc.mode,
                                            per_link_nvlink=mc.per_link_nvlink,
-                                           per_counter_rdma=mc.per_counter_rdma)  # fmt: skip
+                                           per_counter_rdma=mc.per_counter_rdma,
+                                           job_labels=mc.job_labels)  # fmt: skip
 
     # -- export ----------------------------------------------------------------------
     def state(self) -> ExportState:
@@ -227,7 +228,12 @@ class Sidecar:
                 events += detectors.observe_kernel(klog_read.kernel_events, klog_read.events)
                 if task is None and os.path.isdir(self.files.job_dir):
                     model = next((g.name for g in snapshot.gpus if g.name), None)
-                    task = TaskReader(self.files.job_dir, peak_flops(model), len(self.gpus))
+                    task = TaskReader(
+                        self.files.job_dir,
+                        peak_flops(model),
+                        len(self.gpus),
+                        max_dir_bytes=self.cfg.sidecar.job_dir_max_bytes,
+                    )
                 stats = task.read(time.time()) if task else None
                 if stats is not None and task is not None:
                     events += detectors.observe_task(stats, time.time())

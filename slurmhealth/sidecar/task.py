@@ -17,19 +17,21 @@ A dropped line is counted (``TaskReader.rejected_lines``), never fatal.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import re
-import stat
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from slurmhealth import safe_read
 from slurmhealth.model_records import TaskStats
+from slurmhealth.sidecar.files import sweep, truncate
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -39,6 +41,7 @@ MAX_RANK_FILES = 1024  # rank files followed per job and node; more are ignored 
 MAX_SCAN_ENTRIES = 8 * MAX_RANK_FILES  # directory entries looked at per read
 MAX_BACKLOG_BYTES = 64 << 10  # per file and read (~250 lines): when further behind, only the tail
 MAX_READ_BYTES = 256 << 10  # all files together per read (CPU bound); the rest waits
+COMPACT_BYTES = 1 << 20  # a rank file read to its end and this big is emptied (it appends)
 FIELDS = ("step_seconds", "samples", "tokens", "flops", "comm_seconds", "data_wait_seconds")
 RANGES: Mapping[str, tuple[float, float]] = MappingProxyType(
     {
@@ -56,7 +59,7 @@ RANGES: Mapping[str, tuple[float, float]] = MappingProxyType(
 )
 _MAX_INT_DIGITS = 20  # an int with more digits is out of every range
 _RANK_FILE = re.compile(r"steps-[0-9]{1,10}\.jsonl")
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_OPEN_FLAGS = safe_read.OPEN_FLAGS
 
 PEAK_BF16_FLOPS: Mapping[str, float] = MappingProxyType(
     {
@@ -192,9 +195,15 @@ class TaskReader:
     """
 
     def __init__(
-        self, job_dir: str, peak_flops_per_gpu: float | None, gpus: int, uid: int | None = None
+        self,
+        job_dir: str,
+        peak_flops_per_gpu: float | None,
+        gpus: int,
+        uid: int | None = None,
+        max_dir_bytes: int = 64 << 20,
     ) -> None:
         self.job_dir = job_dir
+        self.max_dir_bytes = max_dir_bytes
         self.peak_flops_per_gpu = peak_flops_per_gpu
         self.gpus = gpus
         self.uid = uid
@@ -253,6 +262,8 @@ class TaskReader:
                     ignored += 1
                 budget -= got or 0
             self.ignored_files = ignored
+            if sweep(dir_fd, set(names), self.max_dir_bytes):
+                self._warn_once("size", f"over {self.max_dir_bytes} bytes: other files removed")
         finally:
             os.close(dir_fd)
 
@@ -291,20 +302,22 @@ class TaskReader:
         except OSError:
             return None
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
-                return None
+            st = safe_read.check_fd(fd, name, uid=owner)
             if st.st_ino != tail.inode or st.st_size < tail.offset:  # new or truncated
                 tail.inode, tail.offset, tail.discard, tail.max_step = st.st_ino, 0, False, 0
                 tail.steps.clear()
             if st.st_size - tail.offset > limit:
                 tail.offset, tail.discard = st.st_size - limit, True
             data = os.pread(fd, st.st_size - tail.offset, tail.offset)
-        except OSError:
+        except (OSError, safe_read.Unsafe):
             return None
         finally:
             os.close(fd)
         self._take_lines(name, tail, data)
+        if tail.offset == st.st_size >= COMPACT_BYTES:  # all read: empty it, keep the window
+            with contextlib.suppress(OSError):
+                if truncate(dir_fd, name, (st.st_ino, st.st_size)):
+                    tail.offset = 0
         return len(data)
 
     def _take_lines(self, name: str, tail: _Tail, data: bytes) -> None:

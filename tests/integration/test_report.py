@@ -147,8 +147,15 @@ def test_gpu_lost_mid_job_bundles_every_node_and_report_says_why(
         check=False,
     )
     assert peek.returncode != 0 and "Permission denied" in peek.stderr
-    owner = (evidence / "n2" / "kernel.log").stat().st_uid
-    assert owner == pwd.getpwnam("shuser").pw_uid
+    # the evidence is root's: nothing in it is the job user's, who reads it through an ACL
+    assert (evidence / "n2" / "kernel.log").stat().st_uid == 0
+    uid = str(pwd.getpwnam("shuser").pw_uid)
+    found = subprocess.run(["find", str(healthy.dir / "evidence"), "-uid", uid],
+                           capture_output=True, text=True, check=True)  # fmt: skip
+    assert found.stdout == ""
+    cat = ["runuser", "-u", "shuser", "--", "cat", str(evidence / "n2" / "kernel.log")]
+    mine = subprocess.run(cat, capture_output=True, text=True, check=False)
+    assert "Xid" in mine.stdout, mine.stderr
 
 
 def test_hang_is_caught_with_a_live_stack(healthy: Cluster) -> None:

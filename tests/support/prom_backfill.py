@@ -22,10 +22,10 @@ from tests.prometheus_util import promtool
 MAX_BLOCK = "500h"
 
 
-def scrape(state: ExportState) -> str:
-    """The exposition text one scrape of ``state`` returns."""
+def scrape(state: ExportState, job_labels: str = "series") -> str:
+    """The exposition text one scrape of ``state`` returns (``[metrics] job_labels``)."""
     registry = CollectorRegistry()
-    registry.register(SidecarCollector(lambda: state))
+    registry.register(SidecarCollector(lambda: state, job_labels=job_labels))
     return render(registry).decode()
 
 

@@ -33,6 +33,7 @@ def load(tmp_path: Path, text: str, **env: str) -> Config:
         ("[metrics]\ntextfile_interval_s = 0", "metrics.textfile_interval_s"),
         ("[metrics]\nmax_state_bytes = 10", "metrics.max_state_bytes"),
         ('[metrics]\nmode = "dcgm-exporter"', "metrics.mode"),
+        ('[metrics]\njob_labels = "none"', "metrics.job_labels"),
         ("[sidecar]\ninterval_s = 0", "sidecar.interval_s"),
         ("[sidecar]\ninterval_s = 0.5", "sidecar.interval_s"),  # under the documented 1 s
         ("[sidecar]\nflush_every = 0", "sidecar.flush_every"),

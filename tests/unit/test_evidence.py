@@ -49,6 +49,19 @@ def _script(path: Path, body: str) -> str:
 
 
 @pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A folder other users may traverse (pytest's own is root-only): the capture opens a
+    job's files with the job's uid's rights, as it does on a node."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="slurmhealth-evidence-"))
+    top.chmod(0o755)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+@pytest.fixture
 def make_cfg(tmp_path: Path) -> Callable[..., Config]:
     """A config for node n1 of a scenario, every path in tmp_path, fake scontrol/nvidia-smi."""
     bin_dir = tmp_path / "bin"
@@ -61,6 +74,7 @@ def make_cfg(tmp_path: Path) -> Callable[..., Config]:
             "scontrol": scontrol,
             "nvidia_smi": smi,
             "nccl_globs": [str(tmp_path / "nccl" / "{job_id}" / "*.log")],
+            "drop_globs": [str(tmp_path / "drop" / "{job_id}" / "*")],
             **evidence,
         }
         text = f"""
@@ -162,6 +176,7 @@ def test_capture_writes_every_source_and_a_matching_manifest(
     start = time.time() - 60
     _prolog(cfg, start)
     _owned(tmp_path / "nccl" / JOB / "rank0.log", "NCCL WARN Call to ibv_poll_cq failed\n")
+    _owned(tmp_path / "drop" / JOB / "my notes.txt", "rank 3 saw the loss explode\n")
     out = _owned(tmp_path / "job.out", "step 100 loss 1.23\n")
     err = _owned(tmp_path / "job.err", "RuntimeError: CUDA error: unknown error\n")
     result = capture(
@@ -193,8 +208,12 @@ def test_capture_writes_every_source_and_a_matching_manifest(
         "slurm-job.txt",
         "slurm-node.txt",
         "host.txt",
+        "user/my_notes.txt",
     }
     assert not result.truncated and result.skipped == {"stacks": "no pids given"}
+    dropped = next(f for f in result.files if f["name"] == "user/my_notes.txt")
+    assert dropped["source"] == "user-supplied"  # the user's word, marked as such
+    assert (bundle / "user" / "my_notes.txt").read_text() == "rank 3 saw the loss explode\n"
     assert all(f["error"] is None for f in result.files), result.files
     manifest = _check_manifest(bundle, result.files)
     assert manifest["reason"] == "job failed" and manifest["job_id"] == JOB
@@ -302,9 +321,18 @@ def _mode(path: Path) -> tuple[int, int, int]:
     return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
 
 
+def _acl_users(path: Path) -> dict[int, int]:
+    """The named-user entries (uid -> rwx bits) of a file's POSIX access ACL."""
+    import struct
+
+    raw = os.getxattr(path, "system.posix_acl_access", follow_symlinks=False)
+    entries = [struct.unpack_from("<HHI", raw, off) for off in range(4, len(raw), 8)]
+    return {uid: perm for tag, perm, uid in entries if tag == 2}
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
 @pytest.mark.parametrize(("group", "gid"), [("", 0), ("4343", 4343)])
-def test_bundle_readable_by_root_admin_group_and_job_owner_only(
+def test_bundle_root_owned_readable_by_admin_group_and_job_owner_only(
     make_cfg: Callable[..., Config], tmp_path: Path, group: str, gid: int
 ) -> None:
     cfg = make_cfg(admin_group=group)
@@ -314,10 +342,12 @@ def test_bundle_readable_by_root_admin_group_and_job_owner_only(
     bundle = Path(result.dir)
     assert stat.S_IMODE((tmp_path / "evidence").stat().st_mode) == 0o711  # traverse only
     for d in (bundle.parent, bundle, bundle / "nccl"):
-        assert _mode(d) == (0o750, UID, gid), d
+        assert _mode(d) == (0o750, 0, gid), d
+        assert _acl_users(d) == {UID: 0o5}, d  # the job's user: read and search
     files = [bundle / f["name"] for f in result.files] + [bundle / "manifest.json", summary]
     for f in files:
-        assert _mode(f) == (0o640, UID, gid), f
+        assert _mode(f) == (0o640, 0, gid), f
+        assert _acl_users(f) == {UID: 0o4}, f
     assert not [p for p in bundle.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
@@ -397,7 +427,8 @@ def test_summary_round_trips_through_node_facts(
     assert facts.logs["stderr"].endswith("unhandled system error\n")
     assert len(facts.logs["stderr"]) <= 8 * 1024
     assert "Xid" in facts.logs["kernel"]
-    assert _mode(Path(path)) == (0o640, UID, 0)  # the owner from the history's jobs row
+    assert _mode(Path(path)) == (0o640, 0, 0)  # root's, readable by the jobs row's uid:
+    assert _acl_users(Path(path)) == {UID: 0o4}
 
 
 def test_summary_without_history_or_bundle(make_cfg: Callable[..., Config]) -> None:

@@ -23,6 +23,7 @@ from slurmhealth.metrics import (
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job, TaskStats
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
+from slurmhealth.series_labels import GPU_INFO_LABELS
 from slurmhealth.sidecar.rdma import exports_rdma
 from tests.prometheus_util import promtool
 
@@ -60,6 +61,7 @@ EXPECTED_NAMES = {
     "slurmhealth_sidecar_samples_total",
     # job level
     "slurmhealth_job_info",
+    "slurmhealth_job_gpu_info",
 }
 TASK_NAMES = {
     "slurmhealth_job_steps_total",
@@ -168,6 +170,8 @@ def test_job_facts_other_than_the_queried_tags_are_on_job_info_only(
             extra = set(s.labels) - set(GPU_LABELS)
             if s.name == "slurmhealth_job_info":
                 assert set(s.labels) == set(INFO_LABELS)
+            elif s.name == "slurmhealth_job_gpu_info":  # the join's side: the queried facts
+                assert set(s.labels) == set(GPU_INFO_LABELS)
             else:
                 assert not extra & {"account", "partition", "qos", "job_name", "gpu_model"}, s
 
@@ -290,7 +294,7 @@ def test_dcgm_mode_exports_no_gpu_counters_of_its_own() -> None:
     assert names == {
         "slurmhealth_gpu_up", "slurmhealth_gpu_xid_errors_total",
         "slurmhealth_events_total", "slurmhealth_sidecar_samples_total", "slurmhealth_job_info",
-        "slurmhealth_job_steps_total",
+        "slurmhealth_job_steps_total", "slurmhealth_job_gpu_info",
     }  # fmt: skip
     assert reg.get_sample_value("slurmhealth_gpu_up", gpu_labels(1, status="ok")) == 1
     with pytest.raises(ValueError, match="mode"):

@@ -309,7 +309,8 @@ def test_dashboard_contents() -> None:
     for needle in ("avg by (node) (slurmhealth_gpu_utilization_ratio)",
                    "slurmhealth_gpu_thermal_margin_celsius < 5", "slurmhealth_events_total",
                    "slurmhealth_job_info", 'slurmhealth_node_drains_total{state="suppressed"}',
-                   "group_left (account) max by (job_id, node, account)"):  # fmt: skip
+                   "* on (node, gpu) group_left (account) topk by (node, gpu) (1, "
+                   "slurmhealth_job_gpu_info)"):  # fmt: skip
         assert needle in overview
     node = " ".join(dashboard_queries("node-detail.json"))
     for metric in ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_temperature_celsius",
@@ -318,9 +319,15 @@ def test_dashboard_contents() -> None:
         assert f'slurmhealth_{metric}{{node="$node"}}' in node
     job = load("job-detail.json")
     queries = " ".join(dashboard_queries("job-detail.json"))
-    for metric in ("gpu_utilization_ratio", "gpu_power_watts", "job_step_seconds",
-                   "job_mfu_ratio", "job_comm_ratio", "job_data_wait_ratio"):  # fmt: skip
+    for metric in ("job_step_seconds", "job_mfu_ratio", "job_comm_ratio", "job_data_wait_ratio"):
         assert f'slurmhealth_{metric}{{job_id="$job_id"}}' in queries
+    join = (
+        "* on (node, gpu) group_left (job_id, user) topk by (node, gpu) "
+        '(1, slurmhealth_job_gpu_info{job_id="$job_id"})'
+    )
+    for metric in ("gpu_utilization_ratio", "gpu_power_watts"):  # either job_labels mode
+        # (or the job's labels: series from sidecars older than slurmhealth_job_gpu_info)
+        assert f'slurmhealth_{metric} {join} or slurmhealth_{metric}{{job_id="$job_id"}}' in queries
     annotation = [a for a in job["annotations"]["list"] if "expr" in a]
     assert len(annotation) == 1
     assert 'changes(slurmhealth_events_total{job_id="$job_id"}[1m]) > 0' in annotation[0]["expr"]
@@ -353,7 +360,7 @@ def _static_server(body: bytes) -> ThreadingHTTPServer:
     return server
 
 
-def dcgm_mode_jobs() -> CollectorRegistry:
+def dcgm_mode_jobs(job_labels: str = "series") -> CollectorRegistry:
     """slurmhealth in metrics.mode = "dcgm" on two nodes: job 4242 on gpu-a01 GPUs 0-3 and
     gpu-a02 GPUs 0-7, job 4243 on gpu-a01 GPUs 4-7 (as the fixture's hpc_job labels say)."""
     snap = FULL.snapshot
@@ -366,7 +373,9 @@ def dcgm_mode_jobs() -> CollectorRegistry:
         st = dataclasses.replace(
             FULL, labels=labels, snapshot=dataclasses.replace(snap, node=node, gpus=picked)
         )
-        registry.register(SidecarCollector(lambda st=st: st, mode="dcgm"))  # type: ignore[misc]
+        registry.register(
+            SidecarCollector(lambda st=st: st, mode="dcgm", job_labels=job_labels)  # type: ignore[misc]
+        )
     return registry
 
 

@@ -296,9 +296,18 @@ def make_cluster(tmp_path: Path) -> Path:
             ),
         ),
     )
-    (bundle / "summary.json").write_text(json.dumps(n3.to_dict()))
-    (bundle / "manifest.json").write_text(json.dumps({"files": [{"path": "dmesg.txt"}]}))
+    vouched(bundle, n3.to_dict(), [{"path": "dmesg.txt"}])
     return tmp_path
+
+
+def vouched(folder: Path, summary: dict[str, Any], others: list[Any] | None = None) -> None:
+    """``summary.json`` and the manifest that vouches for it, as the epilog writes them."""
+    from slurmhealth.evidence.bundle import file_entry
+
+    data = json.dumps(summary).encode()
+    (folder / "summary.json").write_bytes(data)
+    files = [*(others or []), file_entry("summary.json", data, "summary")]
+    (folder / "manifest.json").write_text(json.dumps({"files": files}))
 
 
 def build(cluster: Path, job: str = "42", **kw: Any) -> Report:
@@ -529,7 +538,7 @@ def test_current_summary_stands_in_for_history_stale_one_does_not(cluster: Path)
         facts = node_facts(db, "42", "n1")
     folder = cluster / "evidence" / "42" / "n1"
     folder.mkdir()
-    (folder / "summary.json").write_text(json.dumps(facts.to_dict()))
+    vouched(folder, facts.to_dict())
     fresh = build(cluster)
     assert fresh.sources[0][:2] == ("n1", "summary-current")
     assert fresh.nodes[0].gpus == facts.gpus and fresh.timeline == build(cluster).timeline
