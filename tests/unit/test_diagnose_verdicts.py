@@ -109,3 +109,15 @@ def test_the_verdict_uses_the_rules_it_is_given(tmp_path: Path) -> None:
     ds = diagnose(f, rules)
     assert verdict(ds, f, rules) == "GPU 6 on n1 is gone at 22:13:20Z"
     assert verdict(ds, f) == "GPU 6 on n1 fell off the bus (Xid 79) at 22:13:20Z"
+
+
+def test_the_newest_drains_row_decides_whatever_order_the_rows_come_in() -> None:
+    resumed_later = (drain("n1", "resumed", ts=T0 + 60), drain("n1", ts=T0))
+    f = facts(lost("n1", 0, T0, drains=resumed_later))
+    assert "drained" not in verdict(diagnose(f), f)
+    unnamed = {k: v for k, v in drain("n1").items() if k != "node"}  # the row's node: its own
+    f = facts(lost("n1", 0, T0, drains=(unnamed,)))
+    assert verdict(diagnose(f), f).endswith("; n1 drained")
+    untimed = (drain("n1", ts=T0 + 60), {**drain("n1", "resumed"), "ts": True})
+    f = facts(lost("n1", 0, T0, drains=untimed))  # a bool is no time: counts as oldest
+    assert verdict(diagnose(f), f).endswith("; n1 drained")
