@@ -72,7 +72,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "diagnose": (
         ["slurmhealth/diagnose/engine.py"],
-        [f"tests/unit/test_{t}.py" for t in ("diagnose", "diagnose_kernel", "diagnose_texts")],
+        [
+            f"tests/unit/test_{t}.py"
+            for t in ("diagnose", "diagnose_kernel", "diagnose_texts", "diagnose_verdicts")
+        ],
     ),
     "exposition": (["slurmhealth/exposition.py"], ["tests/unit/test_metrics.py"]),
     "retention": (["slurmhealth/history/retention.py"], ["tests/unit/history"]),

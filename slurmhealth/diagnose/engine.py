@@ -198,16 +198,26 @@ def verdict(
     stamps = [c.ts for c in top.citations if c.ts is not None]
     values |= {"title": top.title, "at": _clock(min(stamps)) if stamps else ""}
     text = fill(rule.verdict if rule and rule.verdict else "{title} ({where}){at}", values)
-    drained = {
-        as_text(row.get("node")) or as_text(n.node)
-        for n in facts.nodes or ()
-        if isinstance(n, NodeFacts)
-        for row in n.drains or ()
-        if isinstance(row, Mapping) and as_text(row.get("state")).lower() in DRAINED_STATES
-    }
+    drained = _left_drained(facts)
     if drained:
-        text += f"; {', '.join(sorted(drained))} drained"
+        text += f"; {', '.join(drained)} drained"
     levels = [level_of(d.severity) for d in diagnoses if d is not top]
     severe, warnings = sum(v >= Severity.FAIL for v in levels), levels.count(Severity.WARN)
     text += f"; {severe} more problem{'s' * (severe > 1)}" if severe else ""
     return text + (f"; {warnings} warning{'s' * (warnings > 1)}" if warnings else "")
+
+
+def _left_drained(facts: Facts) -> list[str]:
+    """The nodes the job's drains rows leave drained: each node's newest row decides (a
+    drain followed by a resume is not one), rows without a time in the order recorded."""
+    last: dict[str, Mapping[str, Any]] = {}
+    for n in facts.nodes or ():
+        rows = [r for r in n.drains or () if isinstance(r, Mapping)]
+        for row in sorted(rows, key=lambda r: _ts_of(r.get("ts"))):
+            last[as_text(row.get("node")) or as_text(n.node)] = row
+    return sorted(k for k, r in last.items() if as_text(r.get("state")).lower() in DRAINED_STATES)
+
+
+def _ts_of(value: Any) -> float:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
