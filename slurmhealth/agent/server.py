@@ -103,10 +103,11 @@ class Agent:
     def start(self) -> bool:
         from slurmhealth.history import History
 
+        cfg, _ = self._configs()
+        _migrate_history(cfg)  # a daemon's start, outside any prolog: hooks never spool for it
         History.defer_migrations = True  # as in every hook: never migrate inside a prolog
         ours = logging.getLogger("slurmhealth")  # the hooks' INFO lines reach their client
         ours.setLevel(min(ours.getEffectiveLevel(), logging.INFO))
-        cfg, _ = self._configs()
         run_dir = cfg.expand(cfg.paths.run_dir, cfg.node_name)
         os.makedirs(run_dir, mode=0o755, exist_ok=True)
         self._path = protocol.socket_path(run_dir)
@@ -312,3 +313,19 @@ def serve_forever(configs: Callable[[], tuple[Config, bool]], stop: Any) -> int:
     finally:
         agent.stop()
     return 0
+
+
+def _migrate_history(cfg: Config) -> None:
+    """Bring the node's history to this release's schema (backed up first, as every
+    migration): the package's upgrade restarts the agent, so the hooks, which leave
+    migrations alone, find it current; a failure is one warning and the hooks spool."""
+    from slurmhealth.history import History
+
+    if not os.path.exists(cfg.db_path(cfg.node_name)):
+        return  # a new node: the first hook creates it at this release's schema
+    try:
+        with History.for_node(cfg, cfg.node_name) as history:
+            history.connection()
+    except Exception as exc:  # the agent serves all the same
+        log.warning("history of %s not migrated at the agent's start: %s", cfg.node_name, exc)
+

@@ -306,3 +306,27 @@ def test_a_config_that_stops_loading_sends_the_hook_in_process_to_fail_open(
     finally:
         running.stop()
     assert not (tmp_path / "history.db").exists()  # nothing judged with the old config
+
+
+def test_the_agents_start_migrates_an_older_history_so_prologs_write_it(tmp_path: Path) -> None:
+    from slurmhealth.history.schema import latest_version
+    from tests.unit.history.test_schema_version import _db_at
+
+    config = _config(tmp_path)
+    cfg = load_config(str(config), env={})
+    _db_at(tmp_path / "history.db", 1)  # a history of an older release
+    running = Agent(lambda: (cfg, True), snapshot_max_age_s=600.0)
+    assert running.start()
+    try:
+        answer = client.ask(running.path, "prolog", _env(config, 7))
+    finally:
+        running.stop()
+    conn = sqlite3.connect(tmp_path / "history.db")
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone() == (latest_version(),)
+    finally:
+        conn.close()
+    assert (tmp_path / "history.db.bak-v1").exists()  # backed up first, as every migration
+    assert answer["exit_code"] == 0
+    assert [r["job_id"] for r in _runs(tmp_path) if r["phase"] == "prolog"][-1] == str(BASE + 7)
+    assert not list(tmp_path.glob("*.spool.jsonl"))  # written, not spooled
