@@ -267,18 +267,20 @@ def _burst(agents: Agents, n: int = 16) -> str:
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for k in range(n)]  # fmt: skip
     results = [(p.wait(60), p.stderr.read() if p.stderr else "") for p in procs]
+    reads = _agent_reads("n1") - reads_before  # the prologs' reads (the epilogs read afresh)
+    with open(agent_log, "rb") as fh:
+        fh.seek(log_before)
+        text = fh.read().decode(errors="replace")
+    jobs = "|".join(str(base + k) for k in range(n))
+    shared = sorted(set(re.findall(rf"job (?:{jobs}) judged on NVML snapshot #(\d+)", text)))
     for k in range(n):
         _run([_wrapper("epilog")], env=_hook_env(base + k, str(k % 8), True))
     _settle()
     after = fail_log.read_text().count("\n") if fail_log.exists() else 0
-    with open(agent_log, "rb") as fh:
-        fh.seek(log_before)
-        text = fh.read().decode(errors="replace")
-    shared = sorted(set(re.findall(r"judged on NVML snapshot #(\d+)", text)))
     fell_back = sum("node agent not used" in err for _, err in results)
     return (f"{n} prologs at once on n1: exit codes {sorted({rc for rc, _ in results})}, "
-            f"{after - before} fail-opens, {fell_back} fell back, NVML reads by the agent "
-            f"{_agent_reads('n1') - reads_before} (agent log: judged on snapshot(s) "
+            f"{after - before} fail-opens, {fell_back} fell back, NVML reads for them by the "
+            f"agent {reads} (agent log: the {n} judged on snapshot(s) "
             f"#{', #'.join(shared)})")  # fmt: skip
 
 
