@@ -328,4 +328,3 @@ def _migrate_history(cfg: Config) -> None:
             history.connection()
     except Exception as exc:  # the agent serves all the same
         log.warning("history of %s not migrated at the agent's start: %s", cfg.node_name, exc)
-

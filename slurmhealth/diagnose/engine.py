@@ -220,4 +220,3 @@ def _left_drained(facts: Facts) -> list[str]:
 
 def _ts_of(value: Any) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
-
