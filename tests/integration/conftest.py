@@ -293,9 +293,8 @@ class Cluster:
 
     def wait_idle(self, timeout: float = 60) -> None:
         """Wait until no job is pending, running or completing (leftovers of a previous run
-        are cancelled first)."""
-        _run(["scancel", "--state=PENDING"], check=False)
-        _run(["scancel", "--state=RUNNING"], check=False)
+        are cancelled, and cancelled again while they show: a job whose prolog failed is
+        requeued after a moment, and a scancel during its requeue does not take)."""
         deadline = time.monotonic() + timeout
         while True:
             out = _run(["squeue", "-h", "-o", "%i %T"], check=False).stdout.strip()
@@ -303,6 +302,9 @@ class Cluster:
                 return
             if time.monotonic() > deadline:
                 raise AssertionError(f"jobs still in the queue after {timeout}s:\n{out}")
+            if "PENDING" in out or "RUNNING" in out:
+                _run(["scancel", "--state=PENDING"], check=False)
+                _run(["scancel", "--state=RUNNING"], check=False)
             time.sleep(POLL_S)
 
     def resume_all(self, timeout: float = 15) -> None:
