@@ -55,6 +55,12 @@ def test_slurm_conf_snippet_names_the_installed_wrappers() -> None:
         "EpilogSlurmctld": f"{LAYOUT['wrappers']}/slurmhealth-ctld-epilog",
     }
     assert {Path(p).name for p in named.values()} == set(WRAPPERS)
+    # what the hooks rely on: the prolog at allocation, a failed prolog's job requeued (not
+    # held), a bound on every prolog/epilog above the wrappers' own budgets
+    settings = dict(re.findall(r"^(PrologFlags|SchedulerParameters|PrologEpilogTimeout)=(\S+)",
+                               snippet, re.M))  # fmt: skip
+    assert settings == {"PrologFlags": "Alloc", "SchedulerParameters": "nohold_on_prolog_fail",
+                        "PrologEpilogTimeout": "30"}  # fmt: skip
 
 
 @pytest.mark.parametrize("doc", ["README.md", "deploy/slurm/README.md"])
