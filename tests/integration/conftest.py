@@ -327,6 +327,21 @@ def _needs_resume(state: str) -> bool:
     return any(word in state for word in ("drain", "down", "fail")) or state.endswith("*")
 
 
+_HELD: list[object] = []  # this process's hold on CLUSTER_LOCK (one, however many conftests)
+
+
+def _hold_cluster_lock() -> None:
+    """One machine has one cluster (/etc/slurm, fixed ports): a test session of another
+    checkout waits here until the first is done with it instead of rewriting it under it.
+    Taken once per process and kept until it exits: tests/reliability reuses this fixture
+    through its own conftest, a second instance in the same session, and a second flock on a
+    new descriptor in one process would wait for itself."""
+    if not _HELD:
+        lock = open(CLUSTER_LOCK, "a")  # noqa: SIM115 (held until the process exits)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _HELD.append(lock)
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     """The local 3-node Slurm cluster, started by `scripts/cluster up` (needs root)."""
@@ -339,10 +354,7 @@ def cluster() -> Iterator[Cluster]:
         if shutil.which(tool) is None:
             _unavailable(f"{tool} is not available")
 
-    # one machine has one cluster (/etc/slurm, fixed ports): a second test session (another
-    # checkout) waits here until the first is done with it instead of rewriting it under it
-    lock = open(CLUSTER_LOCK, "a")  # noqa: SIM115 (held for the whole session)
-    fcntl.flock(lock, fcntl.LOCK_EX)
+    _hold_cluster_lock()
     state_dir = Path(os.environ.get("SLURMHEALTH_CLUSTER_DIR", "/var/tmp/slurmhealth-cluster"))
     was_up = (
         had_slurm and _run([str(CLUSTER_SCRIPT), "status"], check=False, timeout=30).returncode == 0
@@ -364,7 +376,6 @@ def cluster() -> Iterator[Cluster]:
     yield c
     if not was_up and os.environ.get("SLURMHEALTH_KEEP_CLUSTER", "") != "1":
         _run([str(CLUSTER_SCRIPT), "down"], check=False, timeout=120)
-    lock.close()
 
 
 @pytest.fixture
