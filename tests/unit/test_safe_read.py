@@ -39,6 +39,8 @@ PLAIN_OPEN_ALLOWED: dict[str, tuple[int, str]] = {
     "kernel_log/sources.py": (2, "the kernel log files root's config names"),
     "web_config.py": (1, "the exporter's web-config file root's config names"),
     "gpu/imex.py": (1, "/proc/PID/comm (the kernel's files)"),
+    "agent/client.py": (3, "the hook's config (root's), root's log file, /proc/PID/cmdline"),
+    "hooks/finish.py": (3, "root's log file; journal entries in the root-only (0700) run dir"),
     "gpu/sim_lifetime.py": (2, "the simulator's own reset/reboot record beside its kernel log"),
 }
 # where the files a job's user can touch are read: no builtin open() at all
