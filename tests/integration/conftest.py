@@ -327,6 +327,7 @@ def _needs_resume(state: str) -> bool:
     return any(word in state for word in ("drain", "down", "fail")) or state.endswith("*")
 
 
+_HOLDER = "SLURMHEALTH_TEST_CLUSTER_LOCK_PID"
 _HELD: list[object] = []  # this process's hold on CLUSTER_LOCK (one, however many conftests)
 
 
@@ -336,10 +337,14 @@ def _hold_cluster_lock() -> None:
     Taken once per process and kept until it exits: tests/reliability reuses this fixture
     through its own conftest, a second instance in the same session, and a second flock on a
     new descriptor in one process would wait for itself."""
-    if not _HELD:
-        lock = open(CLUSTER_LOCK, "a")  # noqa: SIM115 (held until the process exits)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        _HELD.append(lock)
+    # pytest may import this conftest twice (as itself and through the reliability one):
+    # the process's hold is marked in its environment, which both copies share
+    if _HELD or os.environ.get(_HOLDER) == str(os.getpid()):
+        return
+    lock = open(CLUSTER_LOCK, "a")  # noqa: SIM115 (held until the process exits)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    _HELD.append(lock)
+    os.environ[_HOLDER] = str(os.getpid())
 
 
 @pytest.fixture(scope="session")
