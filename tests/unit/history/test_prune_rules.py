@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth.config import load_config
+from slurmhealth.config import Config, load_config
 from slurmhealth.history import Batch, History
 from slurmhealth.history.retention import Retention, policy, prune_quietly
 from tests.unit.history.helpers import query
@@ -25,6 +25,12 @@ def _rows(h: History, ts: float, n: int = 3) -> None:
     events = [("events", {"ts": ts + i, "node": "n1", "job_id": "1", "kind": "xid",
                           "severity": "fail", "message": "m"}) for i in range(n)]  # fmt: skip
     assert h.write(Batch(inserts=samples + events))
+
+
+def _hooks_cfg(db: Path) -> Config:
+    """A node whose raw samples are kept 1 day, 1000 rows pruned per run."""
+    flags = {"paths.db": str(db), "history.raw_samples_days": 1, "history.prune_max_rows": 1000}
+    return load_config(os.devnull, env={}, flags=flags)
 
 
 def test_the_policy_is_the_history_section() -> None:
@@ -67,8 +73,7 @@ def test_the_hooks_prune_logs_what_it_did_once(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "h.db"
-    cfg = load_config(os.devnull, env={}, flags={"paths.db": str(db), "history.raw_samples_days": 1,
-                                                 "history.prune_max_rows": 1000})  # fmt: skip
+    cfg = _hooks_cfg(db)
     with History(db) as h:
         _rows(h, time.time() - 3 * DAY)
         _rows(h, time.time() - 3000 * DAY)  # records older than the 5 years kept
@@ -89,8 +94,7 @@ def test_the_hooks_prune_says_when_more_is_due(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "h.db"
-    cfg = load_config(os.devnull, env={}, flags={"paths.db": str(db), "history.raw_samples_days": 1,
-                                                 "history.prune_max_rows": 1000})  # fmt: skip
+    cfg = _hooks_cfg(db)
     with History(db) as h:
         _rows(h, time.time() - 3 * DAY, n=1200)
         with caplog.at_level(logging.INFO, logger="slurmhealth.history"):
