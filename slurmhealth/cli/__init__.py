@@ -11,7 +11,8 @@ line in ``app.COMMANDS`` (and its example in ``examples.EXAMPLES``).
 
 ``slurmhealth prolog`` and ``slurmhealth epilog`` (as Slurm runs them: no other argument)
 ask the node agent first, importing the standard library only (slurmhealth.agent.client);
-click and the rest load only when the hook falls back to running in-process.
+when it falls back to running in-process it loads the hook's modules only (hooks.entry:
+no click).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ def main(argv: list[str] | None = None) -> None:
         from slurmhealth.agent.client import hook_main
 
         hook_main(args[0])  # returns only when the hook runs in-process
+        from slurmhealth.hooks.entry import main as hook_in_process
+
+        hook_in_process(args[0])  # without click: the fallback is on the job's path too
     from slurmhealth.cli.app import main as app_main
 
     app_main(argv)
