@@ -1,8 +1,10 @@
 """A two-node Slurm cluster inside a Debian root, isolated from the host: its own PID, mount,
 network (loopback only), UTS (host name ``n1``) and IPC namespaces, its own /dev (the null
 devices plus eight fake GPUs, ``/dev/nvidia[0-7]``, as gres.conf wants character devices),
-its own munge key and socket. Nothing it mounts is seen outside; when the namespace's first
-process dies the kernel ends every process in it, daemons included: stopping is one kill.
+its own munge key and socket; where the root has a slurmdbd.conf, its own MariaDB (socket
+only) and slurmdbd, with the cluster registered. Nothing it mounts is seen outside; when the
+namespace's first process dies the kernel ends every process in it, daemons included:
+stopping is one kill.
 
 Commands run in it with ``nsenter`` (as root, in the root's /)."""
 
@@ -60,6 +62,31 @@ until munge -n | unmunge >/dev/null 2>&1; do
 done
 install -d /var/lib/slurm/slurmctld /var/lib/slurm/slurmd/n1 /var/lib/slurm/slurmd/n2 \
     /var/log/slurm
+if [ -f /etc/slurm/slurmdbd.conf ]; then  # accounting: MariaDB (socket only), slurmdbd
+    install -d -o mysql -g mysql -m 0755 /run/mysqld
+    if [ ! -d /var/lib/mysql/mysql ]; then
+        install -d -o mysql -g mysql -m 0700 /var/lib/mysql
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql \
+            --auth-root-authentication-method=socket >/var/log/mariadb-install.log 2>&1
+    fi
+    setsid mariadbd --user=mysql --datadir=/var/lib/mysql --skip-networking \
+        --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mariadbd.pid \
+        --log-error=/var/log/mariadb.log </dev/null >/dev/null 2>&1 &
+    i=0
+    until mariadb -u root -e 'SELECT 1' >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -lt 300 ] || { echo "MariaDB does not answer" >&2; exit 1; }
+        sleep 0.1
+    done
+    mariadb -u root -e 'CREATE DATABASE IF NOT EXISTS slurm_acct_db'
+    slurmdbd
+    i=0
+    until sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -lt 300 ] || { echo "slurmdbd does not answer" >&2; exit 1; }
+        sleep 0.1
+    done
+    sacctmgr -n -P show cluster format=cluster | grep -qx trixie ||
+        sacctmgr -i add cluster trixie >/dev/null
+fi
 slurmctld
 slurmd -N n1
 slurmd -N n2
@@ -109,7 +136,8 @@ class SlurmNode:
         """The tail of every daemon's and slurmhealth's log, for a failure's message."""
         text = []
         for log in ("slurm/slurmctld.log", "slurm/slurmd.n1.log", "slurm/slurmd.n2.log",
-                    "munge/munged.log", "slurmhealth/slurmhealth.log"):  # fmt: skip
+                    "slurm/slurmdbd.log", "mariadb.log", "munge/munged.log",
+                    "slurmhealth/slurmhealth.log"):  # fmt: skip
             path = self.root / "var/log" / log
             if path.exists():
                 text.append(f"--- {log}\n" + "\n".join(path.read_text().splitlines()[-25:]))
