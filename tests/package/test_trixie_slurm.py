@@ -303,7 +303,8 @@ def test_slurm_adapter_reads_24_11_output_and_the_prolog_env_opt_out(node: Slurm
         time.sleep(0.5)
     assert seen["nodes"]["n1"] == ["drained", "slurmhealth: test", "root"]
     assert seen["nodes"]["n2"] == ["mixed", "", ""]  # sinfo prints "root" as %u here
-    assert seen["job"] == ["root", "", "gpu", "", "n2", "running", "needs a|pipe"]
+    # with slurmdbd: root's default account and the default QOS
+    assert seen["job"] == ["root", "root", "gpu", "normal", "n2", "running", "needs a|pipe"]
     assert seen["show"] == {"JobState": "RUNNING", "StdOut": "/dev/null",
                             "Comment": "needs a|pipe", "Extra": "slurmhealth=off",
                             "NodeList": "n2"}  # fmt: skip
