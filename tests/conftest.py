@@ -29,6 +29,7 @@ def _history_migrates_again() -> Iterator[None]:
 
     yield
     History.defer_migrations = False
+    History.close_at_exit = False
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from slurmhealth.hooks.entry import hook_setup, run_hook
 
 
 def _hook(ctx: Ctx, name: str) -> None:
-    run_hook(ctx.config(), name)
+    sys.exit(run_hook(ctx.config(), name))
 
 
 @click.command()

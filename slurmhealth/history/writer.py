@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("slurmhealth.history")
 CORRUPT_KEY = "history_corrupt_total"
+_LEFT_OPEN: list[sqlite3.Connection] = []  # History.close_at_exit
 _CORRUPT_CODES = (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
@@ -253,9 +254,18 @@ class History:
                 )
                 conn.execute(f"PRAGMA user_version = {int(version)}")
 
+    close_at_exit = False
+    """Set by a hook process that ends with ``os._exit`` (hooks.entry.end_process): its
+    connections are left open to the process's end instead of closed, so the last one's
+    checkpoint (SQLite's on close, with an fsync of the database) is not on the job's path.
+    What was committed is in the WAL; the next checkpoint moves it."""
+
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()
+            if self.close_at_exit:
+                _LEFT_OPEN.append(self._conn)  # not collected (that would close it)
+            else:
+                self._conn.close()
         self._conn = None
 
     def __enter__(self) -> History:

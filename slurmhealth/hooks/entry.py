@@ -7,6 +7,7 @@ the agent is down, so nothing here loads click.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -65,8 +66,8 @@ def to_syslog(logger: logging.Logger, fmt: str) -> None:
     logger.addHandler(handler)
 
 
-def run_hook(cfg: Config, name: str) -> NoReturn:
-    """Run hook ``name`` (``prolog`` or ``epilog``) on this node and exit with its code."""
+def run_hook(cfg: Config, name: str) -> int:
+    """Run hook ``name`` (``prolog`` or ``epilog``) on this node; its exit code."""
     from slurmhealth.hooks.prolog import run_epilog, run_prolog
 
     hook_setup(name)
@@ -77,4 +78,18 @@ def run_hook(cfg: Config, name: str) -> NoReturn:
     if drain and drain.detail:
         summary += f" ({drain.detail})"
     logging.getLogger("slurmhealth.hooks").info("%s", summary)
-    sys.exit(result.exit_code)
+    return result.exit_code
+
+
+def end_process(code: int) -> NoReturn:
+    """End a hook process now that its decision is written: flush the log and the standard
+    streams, then ``os._exit``. It skips the interpreter's tear-down and SQLite's
+    checkpoint on closing the node history's last connection (an fsync of the database):
+    together 30-40 ms of every job start while the agent is down. The WAL keeps what was
+    committed; its auto-checkpoint, or the next connection's close, moves it into the
+    database (:attr:`History.close_at_exit`)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
