@@ -7,7 +7,8 @@ Rules (NHC users learned them the hard way):
 - circuit breaker: once the share of nodes drained by slurmhealth reaches
   ``policy.drain_max_share`` (at least one node), further drains are suppressed and
   recorded, so a bug or a bad config cannot drain the cluster. Prologs that race past the
-  check re-read the node list after draining and the later drains undo themselves.
+  check re-read the node list after draining and the later drains undo themselves (those
+  Slurm's whole-second reason times cannot order undo too: never more than the limit).
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def _ours_in_order(nodes: Sequence[NodeInfo]) -> list[str]:
     return [n.name for n in drained]
 
 
+def _ahead(after: Sequence[NodeInfo], node: str, before: set[str]) -> list[str]:
+    """The other nodes drained by us that may have been drained before ``node``: those
+    already drained when it looked (``before``), and those drained since unless Slurm's
+    reason time (whole seconds) shows them strictly later. A tie counts as ahead: two
+    prologs in the same second that each see the other both undo, rather than both stay
+    (by name, the one that looked before the other drained kept too)."""
+    mine = next((n.reason_time for n in after if n.name == node), None)
+    return [n.name for n in after
+            if n.drained and n.ours and n.name != node
+            and (n.name in before or mine is None or n.reason_time is None
+                 or n.reason_time <= mine)]  # fmt: skip
+
+
 def drain_node(
     cfg: Config,
     slurm: SlurmBackend,
@@ -104,9 +118,9 @@ def drain_node(
         after = slurm.nodes()
     except SlurmError:
         return DrainOutcome("drained", reason)
-    order = _ours_in_order(after)
     limit = _limit(cfg, after)
-    if node in order and order.index(node) >= limit:
+    ahead = _ahead(after, node, set(ours)) if node in _ours_in_order(after) else []
+    if len(ahead) >= limit:
         try:
             slurm.resume(node)
         except SlurmError as exc:
@@ -115,6 +129,6 @@ def drain_node(
         return DrainOutcome(
             "suppressed",
             reason,
-            f"circuit breaker: {', '.join(order[:limit])} drained first (limit {limit}); undone",
+            f"circuit breaker: {', '.join(ahead)} drained first (limit {limit}); undone",
         )
     return DrainOutcome("drained", reason)

@@ -198,3 +198,33 @@ def test_nodes_drained_without_a_time_count_last_and_ties_go_by_name() -> None:
     assert got == DrainOutcome(
         "suppressed", REASON, "circuit breaker: n2, n3 drained first (limit 2); undone"
     )
+
+
+class SameSecond(RecordingSlurm):
+    """Slurm stamps our drain and another node's, begun after we looked, in one second."""
+
+    def __init__(self, nodes: list[NodeInfo], rival: str, ours_at: float, rival_at: float):
+        super().__init__(nodes)
+        self.rival, self.ours_at, self.rival_at = rival, ours_at, rival_at
+
+    def drain(self, node: str, reason: str) -> None:
+        super().drain(node, reason)
+        self.table[node] = NodeInfo(node, "drained", reason, "root", self.ours_at)
+        self.table[self.rival] = ours(self.rival, at=self.rival_at)
+
+
+def test_a_racing_drain_in_the_same_second_undoes_ours_whatever_the_names() -> None:
+    # n3 drained first and, looking before ours was there, kept its drain; n2's prolog sees
+    # both stamped 12:00:07: by name n2 would sort first and stay (two drained, limit one)
+    slurm = SameSecond(idle("n1", "n2", "n3"), rival="n3", ours_at=7.0, rival_at=7.0)
+    got = drain_node(cfg(share=0.34), slurm, "n2", [NVLINK])
+    assert got == DrainOutcome(
+        "suppressed", REASON, "circuit breaker: n3 drained first (limit 1); undone"
+    )
+    assert slurm.resumes == ["n2"] and slurm.table["n2"].state == "idle"
+
+
+def test_a_racing_drain_stamped_a_second_later_than_ours_leaves_ours() -> None:
+    slurm = SameSecond(idle("n1", "n2", "n3"), rival="n1", ours_at=7.0, rival_at=8.0)
+    assert drain_node(cfg(share=0.34), slurm, "n2", [NVLINK]) == DrainOutcome("drained", REASON)
+    assert slurm.resumes == []
