@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurmhealth.agent import protocol
+from slurmhealth.hooks.wrapper_log import WrapperLog, child_env
 
 MAX_WAIT_S = 7.0  # never past the prolog wrapper's default 8 s, whatever the agent says
 DEFAULT_RUN_DIR = "/run/slurmhealth"
@@ -108,27 +109,37 @@ def ask(path: str, op: str, env: Mapping[str, str]) -> dict[str, Any]:
     return answer
 
 
-def hook_main(op: str, env: Mapping[str, str] | None = None) -> None:
-    """Exit with the agent's decision for hook ``op``; return to fall back (loudly)."""
+def hook_main(op: str, env: Mapping[str, str] | None = None) -> WrapperLog:
+    """Exit with the agent's decision for hook ``op``; return to fall back (loudly), with
+    the lines the in-process hook is to write with its own (:mod:`hooks.wrapper_log`)."""
     env = os.environ if env is None else env
+    lines = WrapperLog(env)
     if env.get("SLURMHEALTH_AGENT", "") == "off":
-        return
+        return lines
     try:
         answer = ask(protocol.socket_path(run_dir(env)), op, env)
     except Unavailable as exc:
         who = f"job={env.get('SLURM_JOB_ID', '?')} node={_node(env)}"
-        sys.stderr.write(f"slurmhealth {op}[{who}]: WARNING: node agent not used ({exc}); "
-                         "checking in-process\n")  # fmt: skip
-        return
+        _line(lines, f"slurmhealth {op}[{who}]: WARNING: node agent not used ({exc}); "
+                     "checking in-process")  # fmt: skip
+        return lines
     for line in answer.get("log") or ():
-        sys.stderr.write(f"{line}\n")
+        _line(lines, str(line))
     if op == "prolog" and answer["exit_code"] == 0 and isinstance(answer.get("sidecar"), dict):
-        start_sidecar(answer["sidecar"], env)
+        start_sidecar(answer["sidecar"], env, lines)
     sys.stderr.flush()
+    lines.done()
     sys.exit(int(answer["exit_code"]))
 
 
-def start_sidecar(launch: Mapping[str, Any], env: Mapping[str, str]) -> int | None:
+def _line(lines: WrapperLog, text: str) -> None:
+    sys.stderr.write(f"{text}\n")
+    lines.add(text)
+
+
+def start_sidecar(
+    launch: Mapping[str, Any], env: Mapping[str, str], lines: WrapperLog
+) -> int | None:
     """Start the job's sidecar as the agent described it (``cmd``, ``env``, ``pid_file``),
     detached in its own session like the in-process prolog does; its pid, or None."""
     import subprocess
@@ -141,9 +152,9 @@ def start_sidecar(launch: Mapping[str, Any], env: Mapping[str, str]) -> int | No
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                     start_new_session=True, close_fds=True, cwd="/",
-                                    env={**env, **extra})  # fmt: skip
+                                    env={**child_env(env), **extra})  # fmt: skip
     except (OSError, KeyError, TypeError, ValueError) as exc:
-        sys.stderr.write(f"slurmhealth prolog: WARNING: sidecar not started: {exc}\n")
+        _line(lines, f"slurmhealth prolog: WARNING: sidecar not started: {exc}")
         return None
     try:  # before the job can end: the epilog reads it
         tmp = f"{pid_file}.tmp.{os.getpid()}"
@@ -152,7 +163,7 @@ def start_sidecar(launch: Mapping[str, Any], env: Mapping[str, str]) -> int | No
             fh.write(f"{proc.pid}\n")
         os.replace(tmp, pid_file)
     except OSError as exc:
-        sys.stderr.write(f"slurmhealth prolog: WARNING: sidecar pid file not written: {exc}\n")
+        _line(lines, f"slurmhealth prolog: WARNING: sidecar pid file not written: {exc}")
     deadline = time.monotonic() + 1.0  # until its command line shows (the epilog's test)
     while proc.poll() is None and time.monotonic() < deadline:
         try:

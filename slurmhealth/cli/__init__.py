@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import gc
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from slurmhealth.hooks.wrapper_log import WrapperLog
 
 __all__ = ["cli", "main"]
 
@@ -31,20 +34,23 @@ def main(argv: list[str] | None = None) -> None:
         gc.disable()
         from slurmhealth.agent.client import hook_main
 
-        hook_main(args[0])  # returns only when the hook runs in-process
-        _hook_in_process(args[0])  # without click: the fallback is on the job's path too
+        lines = hook_main(args[0])  # returns only when the hook runs in-process
+        _hook_in_process(args[0], lines)  # without click: the fallback is on the job's path too
     from slurmhealth.cli.app import main as app_main
 
     app_main(argv)
 
 
-def _hook_in_process(name: str) -> None:
+def _hook_in_process(name: str, lines: WrapperLog) -> NoReturn:
     """``slurmhealth prolog`` or ``epilog`` (no flags) in this process with the CLI's logging
-    and one-line errors, without click (``app.main`` and ``app.cli`` do the same with it)."""
+    and one-line errors, without click (``app.main`` and ``app.cli`` do the same with it);
+    its log lines also go to ``lines`` (written for the wrapper when it has decided)."""
     import logging
 
     from slurmhealth.cli import failure, once
 
+    if lines.active:  # what reaches stderr is kept for the wrapper's log
+        sys.stderr = lines.tee(sys.stderr)
     before = list(logging.getLogger().handlers)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="slurmhealth: %(levelname)s: %(message)s")  # fmt: skip
@@ -58,7 +64,8 @@ def _hook_in_process(name: str) -> None:
         code = run_hook(load_config(), name)
     except (Exception, KeyboardInterrupt) as exc:
         failure.exit_for(exc)
-    end_process(code)
+    once.flush()  # (its atexit hook does not run after end_process)
+    end_process(code, lines)
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from slurmhealth.errors import SlurmhealthError
+from slurmhealth.hooks.wrapper_log import STAGE_FD_ENV  # where the wrapper reads the stage
 from slurmhealth.slurm import JobInfo, NodeInfo, SlurmBackend, SlurmError
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ log = logging.getLogger("slurmhealth.hooks")
 
 WRAPPER_TIMEOUT_ENV = "SLURMHEALTH_PROLOG_TIMEOUT"
 STARTED_ENV = "SLURMHEALTH_PROLOG_STARTED"  # wrapper start, UTC seconds (date +%s.%N)
-STAGE_FD_ENV = "SLURMHEALTH_STAGE_FD"  # where the wrapper reads the stage we are in
 WRAPPER_MARGIN_S = 1.0  # the budget ends at least this long before the wrapper's kill
 DECISION_RESERVE_S = 0.75  # inputs (squeue, snapshot, log) leave this for drain + record
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
+    from slurmhealth.hooks.wrapper_log import WrapperLog
 
 SYSLOG_SOCKET = "/dev/log"
 
@@ -81,15 +82,18 @@ def run_hook(cfg: Config, name: str) -> int:
     return result.exit_code
 
 
-def end_process(code: int) -> NoReturn:
+def end_process(code: int, lines: WrapperLog | None = None) -> NoReturn:
     """End a hook process now that its decision is written: flush the log and the standard
     streams, then ``os._exit``. It skips the interpreter's tear-down and SQLite's
     checkpoint on closing the node history's last connection (an fsync of the database):
     together 30-40 ms of every job start while the agent is down. The WAL keeps what was
     committed; its auto-checkpoint, or the next connection's close, moves it into the
-    database (:attr:`History.close_at_exit`)."""
+    database (:attr:`History.close_at_exit`). Then the kept ``lines`` go to the wrapper's
+    log: the hook has decided."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
+    if lines is not None:
+        lines.done()
     os._exit(code)

@@ -114,12 +114,15 @@ def journal(cfg: Config, job: Job, evidence_why: str, snapshot: NodeSnapshot | N
 def detach(path: str) -> int | None:
     """Start ``slurmhealth epilog-finish PATH`` in its own session, niced, outliving the
     epilog; its pid, or None (the entry stays for :func:`finish_pending`)."""
+    from slurmhealth.hooks.wrapper_log import child_env
+
     log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
     cmd = [sys.executable, "-m", "slurmhealth", "epilog-finish", path]
     try:
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                    start_new_session=True, close_fds=True, cwd="/")  # fmt: skip
+                                    start_new_session=True, close_fds=True, cwd="/",
+                                    env=child_env(os.environ))  # fmt: skip
     except OSError as exc:
         log.warning("the job's after-work was not started (%s): the agent finishes it", exc)
         return None

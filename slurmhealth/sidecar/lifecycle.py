@@ -25,6 +25,7 @@ from typing import Any
 from slurmhealth.config import Config
 from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.export_state import write_atomic
+from slurmhealth.hooks.wrapper_log import child_env
 from slurmhealth.model_records import Job
 from slurmhealth.sidecar.files import SidecarFiles, make_job_dir, release_job_dir
 
@@ -55,7 +56,7 @@ def start_sidecar(cfg: Config, job: Job) -> int | None:
     try:
         launch = sidecar_launch(cfg, job)
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
-        env = {**os.environ, **launch["env"]}
+        env = {**child_env(os.environ), **launch["env"]}
         cmd = launch["cmd"]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(

@@ -265,7 +265,8 @@ def test_the_prologs_happy_path_imports_only_the_standard_library(
     assert not imported & {"click", "rich", "pynvml", "prometheus_client", "sqlite3"}
     ours = {name for name in lines if name.startswith("slurmhealth")}
     assert ours <= {"slurmhealth", "slurmhealth.cli", "slurmhealth.agent",
-                    "slurmhealth.agent.protocol", "slurmhealth.agent.client"}  # fmt: skip
+                    "slurmhealth.agent.protocol", "slurmhealth.agent.client", "slurmhealth.hooks",
+                    "slurmhealth.hooks.wrapper_log"}  # fmt: skip
 
 
 @pytest.mark.parametrize(("scenario", "status"), [("healthy", "ok"), ("nvlink-down", "fail")])
@@ -359,3 +360,47 @@ def test_the_agents_start_migrates_an_older_history_so_prologs_write_it(tmp_path
     assert answer["exit_code"] == 0
     assert [r["job_id"] for r in _runs(tmp_path) if r["phase"] == "prolog"][-1] == str(BASE + 7)
     assert not list(tmp_path.glob("*.spool.jsonl"))  # written, not spooled
+
+
+WRAPPER = Path(__file__).resolve().parents[2] / "prolog" / "slurmhealth-prolog"
+
+
+@pytest.mark.parametrize("with_agent", [True, False])
+def test_through_its_wrapper_the_prolog_logs_each_line_once_in_the_wrappers_format(
+    tmp_path: Path, with_agent: bool
+) -> None:
+    """The hook writes its own lines to the wrappers' log file (stamped and tagged as the
+    wrapper stamps its own), so the wrapper starts no logger, date or awk after it: each
+    line is there once, whether the agent or the in-process fallback decided."""
+    config = _config(tmp_path)
+    running = None
+    if with_agent:
+        cfg = load_config(str(config), env={})
+        running = Agent(lambda: (cfg, True), snapshot_max_age_s=600.0)
+        assert running.start()
+    bin_path = tmp_path / "slurmhealth"
+    bin_path.write_text(f'#!/bin/sh\nexec {sys.executable} -m slurmhealth "$@"\n')
+    bin_path.chmod(0o755)
+    log = tmp_path / "wrapper.log"
+    env = _env(config, 40, SLURMHEALTH_BIN=str(bin_path), SLURMHEALTH_LOG_FILE=str(log),
+               SLURMHEALTH_ENV_FILE=str(tmp_path / "absent"), TMPDIR=str(tmp_path))  # fmt: skip
+    try:
+        proc = subprocess.run([str(WRAPPER)], env=env, capture_output=True, text=True,
+                              timeout=DEADLINE_S)  # fmt: skip
+    finally:
+        if running is not None:
+            running.stop()
+    assert proc.returncode == 0, proc.stderr
+    tag = f"slurmhealth-prolog[job={BASE + 40} node=n1]"
+    lines = log.read_text().splitlines()
+    ok = [
+        ln for ln in lines if ln.endswith(": INFO: ok (node agent)" if with_agent else ": INFO: ok")
+    ]
+    assert len(ok) == 1, lines
+    stamp, rest = ok[0].split(" ", 1)
+    assert time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ") and rest.startswith(
+        f"{tag}: | slurmhealth prolog["
+    )
+    assert ("node agent not used" in log.read_text()) is not with_agent
+    assert ok[0].split(" | ", 1)[1] in proc.stderr  # and on the wrapper's stderr, for slurmd
+    assert list(tmp_path.glob("slurmhealth-prolog.*")) == []
