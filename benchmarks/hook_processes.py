@@ -150,6 +150,9 @@ def _nhc(nhc: Path) -> float:
 
 
 def _burst(node: Node, n: int = 16) -> str:
+    from slurmhealth.agent.views import MAX_AGE_S  # a snapshot this recent is shared
+
+    time.sleep(MAX_AGE_S + 0.5)  # a burst after a quiet spell: no recent snapshot left
     before = node.agent_reads()
     log_at = len((node.dir / "agent.log").read_text(errors="replace"))
     procs = [subprocess.Popen([str(node.tree / "slurmhealth/wrappers/slurmhealth-prolog")],

@@ -257,6 +257,9 @@ def _agent_reads(node: str) -> int:
 
 def _burst(agents: Agents, n: int = 16) -> str:
     agents.start()
+    from slurmhealth.agent.views import MAX_AGE_S  # a snapshot this recent is shared
+
+    time.sleep(MAX_AGE_S + 0.5)  # a burst after a quiet spell: no recent snapshot left
     reads_before = _agent_reads("n1")
     fail_log = STATE / "nodes" / "n1" / "fail-open.log"
     before = fail_log.read_text().count("\n") if fail_log.exists() else 0

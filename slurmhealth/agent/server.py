@@ -19,8 +19,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import pathlib
 import queue
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -90,6 +92,8 @@ class Agent:
         self._gpu = SharedGpu(max_age_s=snapshot_max_age_s)
         self._jobs = NodeJobs()
         self._threads: list[threading.Thread] = []
+        self._held: dict[str, sqlite3.Connection] = {}
+        self._held_lock = threading.Lock()
 
     @property
     def path(self) -> str:
@@ -144,6 +148,28 @@ class Agent:
         for thread in self._threads:
             thread.join(timeout=5.0)
         self._gpu.close()
+        with self._held_lock:
+            for held in self._held.values():
+                held.close()  # the last one: SQLite checkpoints the WAL, off any job's path
+            self._held.clear()
+
+    def _hold(self, path: str) -> None:
+        """Keep one idle connection to the node history ``path`` for the agent's life. A
+        hook's connection is then never the last one, whose close checkpoints the WAL into
+        the database with an fsync (5-15 ms of each job start on an idle node); commits
+        past the WAL's auto-checkpoint size still checkpoint it. The idle one holds no
+        transaction, so it never holds a checkpoint back."""
+        with self._held_lock:
+            if path in self._held or not os.path.isfile(path):
+                return
+            try:
+                held = sqlite3.connect(f"{pathlib.Path(path).as_uri()}?mode=rw", uri=True,
+                                       check_same_thread=False)  # fmt: skip
+                held.execute("SELECT count(*) FROM sqlite_master").fetchall()  # joins the WAL
+            except sqlite3.Error as exc:
+                log.warning("history %s not held open: %s", path, exc)
+                return
+            self._held[path] = held
 
     # -- connections ---------------------------------------------------------------------
     def _serve(self) -> None:
@@ -267,6 +293,7 @@ class Agent:
         try:
             return run_hook(cfg, job, env, op, adapters, budget)
         finally:
+            self._hold(history.path)  # before the close: not the last connection then
             history.close()
             if marker is not None:
                 marker.done()

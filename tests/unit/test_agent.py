@@ -120,6 +120,23 @@ def test_sixteen_simultaneous_prologs_share_one_gpu_read_and_none_fails_open(
     assert running.snapshots_taken == 1
 
 
+def test_no_job_start_through_the_agent_checkpoints_the_history(
+    agent: tuple[Agent, Config, Path], tmp_path: Path
+) -> None:
+    """The agent holds the node history open, so a hook's connection is never the last
+    one: its close does not checkpoint the WAL (an fsync) on the job's path. What the
+    prologs wrote is readable meanwhile, and is in the database once the agent stops."""
+    running, _cfg, config = agent
+    for n in range(3):
+        assert client.ask(running.path, "prolog", _env(config, 30 + n))["exit_code"] == 0
+    wal = tmp_path / "history.db-wal"
+    assert wal.exists() and wal.stat().st_size > 0  # not checkpointed and removed
+    assert [r["status"] for r in _runs(tmp_path)] == ["ok"] * 3
+    running.stop()
+    assert not wal.exists() or wal.stat().st_size == 0
+    assert [r["status"] for r in _runs(tmp_path)] == ["ok"] * 3
+
+
 def test_another_protocol_version_is_refused_so_the_client_falls_back(
     agent: tuple[Agent, Config, Path],
 ) -> None:
