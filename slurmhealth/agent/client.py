@@ -2,12 +2,13 @@
 agent first. Standard library only (measured: ``python -X importtime -m slurmhealth
 prolog``): no click, no NVML, no Prometheus client on the happy path.
 
-:func:`hook_main` exits with the agent's answer, or returns (after one loud warning line)
-when the hook must run in-process instead: no agent socket, a socket or peer not root's,
-no acknowledgement within :data:`~slurmhealth.agent.protocol.ACK_BOUND_S`, another
-protocol version, the connection lost (the agent killed mid-decision), or no answer by
-the deadline the agent gave. The in-process hook then keeps its budget from the wrapper's
-start, so the fallback decides within the same prolog budget.
+:func:`hook_main` exits with the agent's answer (``os._exit``, once its lines are out), or
+returns (after one loud warning line) when the hook must run in-process instead: no agent
+socket, a socket or peer not root's, no acknowledgement within
+:data:`~slurmhealth.agent.protocol.ACK_BOUND_S`, another protocol version, the connection
+lost (the agent killed mid-decision), or no answer by the deadline the agent gave. The
+in-process hook then keeps its budget from the wrapper's start, so the fallback decides
+within the same prolog budget.
 """
 
 from __future__ import annotations
@@ -127,9 +128,10 @@ def hook_main(op: str, env: Mapping[str, str] | None = None) -> WrapperLog:
         _line(lines, str(line))
     if op == "prolog" and answer["exit_code"] == 0 and isinstance(answer.get("sidecar"), dict):
         start_sidecar(answer["sidecar"], env, lines)
+    sys.stdout.flush()
     sys.stderr.flush()
     lines.done()
-    sys.exit(int(answer["exit_code"]))
+    os._exit(int(answer["exit_code"]))  # decided: no interpreter tear-down on the job's path
 
 
 def _line(lines: WrapperLog, text: str) -> None:
