@@ -19,10 +19,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pathlib
 import queue
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -92,7 +90,7 @@ class Agent:
         self._gpu = SharedGpu(max_age_s=snapshot_max_age_s)
         self._jobs = NodeJobs()
         self._threads: list[threading.Thread] = []
-        self._held: dict[str, sqlite3.Connection] = {}
+        self._held: dict[str, Any] = {}  # history path -> history.hold_open's connection
         self._held_lock = threading.Lock()
 
     @property
@@ -154,22 +152,14 @@ class Agent:
             self._held.clear()
 
     def _hold(self, path: str) -> None:
-        """Keep one idle connection to the node history ``path`` for the agent's life. A
-        hook's connection is then never the last one, whose close checkpoints the WAL into
-        the database with an fsync (5-15 ms of each job start on an idle node); commits
-        past the WAL's auto-checkpoint size still checkpoint it. The idle one holds no
-        transaction, so it never holds a checkpoint back."""
+        """Keep the node history ``path`` open for the agent's life (history.hold_open):
+        a hook's close is then not the last one, which checkpoints the WAL with an fsync
+        (5-15 ms of each job start on an idle node)."""
+        from slurmhealth.history import hold_open
+
         with self._held_lock:
-            if path in self._held or not os.path.isfile(path):
-                return
-            try:
-                held = sqlite3.connect(f"{pathlib.Path(path).as_uri()}?mode=rw", uri=True,
-                                       check_same_thread=False)  # fmt: skip
-                held.execute("SELECT count(*) FROM sqlite_master").fetchall()  # joins the WAL
-            except sqlite3.Error as exc:
-                log.warning("history %s not held open: %s", path, exc)
-                return
-            self._held[path] = held
+            if path not in self._held and (held := hold_open(path)) is not None:
+                self._held[path] = held
 
     # -- connections ---------------------------------------------------------------------
     def _serve(self) -> None:

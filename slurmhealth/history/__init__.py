@@ -15,6 +15,6 @@ from __future__ import annotations
 from slurmhealth.errors import StoreError
 from slurmhealth.history.batch import Batch
 from slurmhealth.history.schema import COLUMNS, migration
-from slurmhealth.history.writer import History
+from slurmhealth.history.writer import History, hold_open
 
-__all__ = ["COLUMNS", "Batch", "History", "StoreError", "migration"]
+__all__ = ["COLUMNS", "Batch", "History", "StoreError", "hold_open", "migration"]

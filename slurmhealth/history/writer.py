@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import pathlib
 import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
@@ -407,3 +408,20 @@ class History:
         except (sqlite3.Error, OSError, SchemaTooNew) as exc:
             return f"{type(exc).__name__}: {exc}"
         return "\n".join(str(row[0]) for row in rows)
+
+
+def hold_open(path: str) -> sqlite3.Connection | None:
+    """An idle connection to the existing history ``path`` (none is created), for a
+    daemon to keep while hooks come and go: a hook's connection is then never the last
+    one, whose close checkpoints the WAL into the database with an fsync. It holds no
+    transaction, so it never holds a checkpoint back; None when it cannot be opened."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        held = sqlite3.connect(f"{pathlib.Path(path).as_uri()}?mode=rw", uri=True,
+                               check_same_thread=False)  # fmt: skip
+        held.execute("SELECT count(*) FROM sqlite_master").fetchall()  # joins the WAL
+    except sqlite3.Error as exc:
+        log.warning("history %s not held open: %s", path, exc)
+        return None
+    return held

@@ -332,7 +332,9 @@ def _sidecar(
     from slurmhealth.sidecar.lifecycle import signal_sidecar, start_sidecar
 
     if phase == "prolog" and exit_code == 0:
-        pid = (starter or start_sidecar)(cfg, job)
+        from slurmhealth.hooks.wrapper_log import child_env
+
+        pid = starter(cfg, job) if starter else start_sidecar(cfg, job, child_env(os.environ))
         if pid is not None and os.getpriority(os.PRIO_PROCESS, 0) < 0:
             # the wrapper put the prolog ahead of the node's other work; the sidecar runs
             # beside the job, not ahead of it (nor of the next burst's prologs)

@@ -25,7 +25,6 @@ from typing import Any
 from slurmhealth.config import Config
 from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
 from slurmhealth.export_state import write_atomic
-from slurmhealth.hooks.wrapper_log import child_env
 from slurmhealth.model_records import Job
 from slurmhealth.sidecar.files import SidecarFiles, make_job_dir, release_job_dir
 
@@ -49,14 +48,15 @@ def sidecar_launch(cfg: Config, job: Job) -> dict[str, Any]:
     return {"cmd": cmd, "env": env, "pid_file": files.pid, "job_id": job.job_id}
 
 
-def start_sidecar(cfg: Config, job: Job) -> int | None:
+def start_sidecar(cfg: Config, job: Job, env: Mapping[str, str] | None = None) -> int | None:
     """Launch ``slurmhealth sidecar`` in its own session, outliving the prolog (DESIGN.md
-    section 4: verified with proctrack/linuxproc). Returns its pid; never raises."""
+    section 4: verified with proctrack/linuxproc), with ``env`` (default: ours) and its
+    launch's variables. Returns its pid; never raises."""
     files = SidecarFiles.of(cfg, job.node, job.job_id)
     try:
         launch = sidecar_launch(cfg, job)
         log_path = os.environ.get("SLURMHEALTH_LOG_FILE") or os.devnull
-        env = {**child_env(os.environ), **launch["env"]}
+        env = {**(os.environ if env is None else env), **launch["env"]}
         cmd = launch["cmd"]
         with open(log_path, "ab") as out:
             proc = subprocess.Popen(
