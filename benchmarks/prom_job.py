@@ -92,10 +92,10 @@ def _published(job: str, nodes: int, gpus: int, samples: int, step: float, start
     history's per-GPU stats (``summary.json``), from the same samples as the series."""
     from dataclasses import asdict
 
-    from slurmhealth.final_series import families
     from slurmhealth.history import Batch, History
     from slurmhealth.history.read import Reader
     from slurmhealth.history.rows import sample_rows
+    from slurmhealth.metrics.final_series import families
     from slurmhealth.report.collect import node_facts
     from tests.support.prom_backfill import scrape_families, stamped
 

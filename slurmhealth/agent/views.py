@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from slurmhealth.config import Config
 from slurmhealth.model import NodeSnapshot
 from slurmhealth.slurm import SlurmError
-from slurmhealth.slurm_base import JobInfo, NodeInfo
+from slurmhealth.slurm.base import JobInfo, NodeInfo
 
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def parse_since(text: str | None, now: float) -> float | None:
     """``--since``: ``30m``, ``2h``, ``1d`` ago, or an ISO date/time in UTC."""
-    from slurmhealth.timeparse import since_ts
+    from slurmhealth.config.timeparse import since_ts
 
     if not text:
         return None

@@ -16,7 +16,7 @@ from slurmhealth.errors import UsageError
 
 def parse_window(text: str | None) -> float | None:
     """``--window``: ``600``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds (more than 0)."""
-    from slurmhealth.timeparse import duration_s
+    from slurmhealth.config.timeparse import duration_s
 
     if text is None:
         return None

@@ -84,7 +84,7 @@ class NodeFacts:
     evidence: tuple[Mapping[str, Any], ...] = ()  # manifest entries of the node's bundle
     logs: Mapping[str, str] = field(default_factory=dict)  # tails: stderr, nccl, kernel, stacks
     bundle_dir: str | None = None
-    # the NCCL logs' verdicts (slurmhealth.nccl_log.NcclFacts.to_dict()), read from the
+    # the NCCL logs' verdicts (slurmhealth.diagnose.nccl_log.NcclFacts.to_dict()), read from the
     # bundle's whole NCCL files; empty: none were captured (rules read the tail instead)
     nccl: Mapping[str, Any] = field(default_factory=dict)
 

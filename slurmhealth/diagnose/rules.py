@@ -24,8 +24,8 @@ from slurmhealth.diagnose.facts import (
     NodeFacts,
     TaskFacts,
 )
+from slurmhealth.diagnose.nccl_log import NcclFacts, read_facts
 from slurmhealth.model import Severity
-from slurmhealth.nccl_log import NcclFacts, read_facts
 
 MAX_CITATIONS = 25  # per diagnosis: the earliest matches first, then the cited tails
 LOG_TAIL_LINES = 5  # lines cited from a log matched without a pattern

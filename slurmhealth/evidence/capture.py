@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slurmhealth.access.user_open import Rights
 from slurmhealth.evidence import bundle
 from slurmhealth.evidence.kernel import kernel_excerpt
 from slurmhealth.evidence.sources import (
@@ -33,7 +34,6 @@ from slurmhealth.evidence.sources import (
 from slurmhealth.evidence.summary import write_summary
 from slurmhealth.evidence.user_files import UserFiles, copy_user_files
 from slurmhealth.model_records import Job
-from slurmhealth.user_open import Rights
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config

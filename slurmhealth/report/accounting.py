@@ -21,7 +21,7 @@ from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
 from slurmhealth.report import admin_comment
 from slurmhealth.slurm import SlurmCli, SlurmError
-from slurmhealth.slurm_acct import AcctJob, NodeEvent
+from slurmhealth.slurm.acct import AcctJob, NodeEvent
 
 log = logging.getLogger("slurmhealth.report")
 DRAIN_SLACK_S = 300.0  # a drain this soon after the job's end is the epilog's, about the job

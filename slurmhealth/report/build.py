@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from slurmhealth import access, trust
+from slurmhealth import access
+from slurmhealth.access import trust
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, stragglers
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose, verdict

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats
-from slurmhealth.final_series import STATS
 from slurmhealth.history.rollups import HIST_WIDTH, util_bin
-from slurmhealth.prom_client import Labels, Matrix, Vector
+from slurmhealth.metrics.final_series import STATS
+from slurmhealth.metrics.prom_client import Labels, Matrix, Vector
 
 Key = tuple[str, int]  # (node, GPU index)
 Points = list[tuple[float, float | None, float | None]]  # (ts, util %, power W)

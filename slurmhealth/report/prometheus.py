@@ -48,11 +48,11 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import UsageError
 from slurmhealth.history.rollups import BUCKET_S, BUSY_PCT, IDLE_PCT
-from slurmhealth.prom_client import Call, PromClient
+from slurmhealth.metrics import final_series
+from slurmhealth.metrics.prom_client import Call, PromClient
 from slurmhealth.report import prom_spans
 from slurmhealth.report.collect import HW_THROTTLE, MAX_SERIES
 from slurmhealth.report.prom_answers import (

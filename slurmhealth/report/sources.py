@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from slurmhealth import safe_read, trust
+from slurmhealth.access import safe_read, trust
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
 from slurmhealth.history import read
@@ -109,7 +109,7 @@ def summaries(
     cfg: Config, job_id: str, tampered: dict[str, str] | None = None
 ) -> dict[str, tuple[str, dict[str, Any]]]:
     """Every node's ``summary.json`` of the job in the shared evidence dir, by node: only
-    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.trust`);
+    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.access.trust`);
     the others go to ``tampered`` (path -> why) and are not used."""
     out = {}
     pattern = os.path.join(evidence_root(cfg, "*"), job_id, "*", "summary.json")

@@ -23,8 +23,8 @@ from dataclasses import asdict
 from typing import Any
 
 from slurmhealth.config import Config
-from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
-from slurmhealth.export_state import write_atomic
+from slurmhealth.metrics.export_state import sidecar_alive as _is_our_sidecar
+from slurmhealth.metrics.export_state import write_atomic
 from slurmhealth.model_records import Job
 from slurmhealth.sidecar.files import SidecarFiles, make_job_dir, release_job_dir
 
@@ -241,8 +241,8 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
     """Serve the finished job's per-GPU stats (``gpus``: as ``NodeFacts.to_dict()`` holds
     them) through the node's exporter for ``metrics.final_linger_s`` (final_series); whether
     they were published. Never raises."""
-    from slurmhealth.export_state import encode_families, remove_expired_finals, write_final
-    from slurmhealth.final_series import families
+    from slurmhealth.metrics.export_state import encode_families, remove_expired_finals, write_final
+    from slurmhealth.metrics.final_series import families
 
     mc = cfg.metrics
     gpus = list(gpus)

@@ -2,7 +2,7 @@
 
 Every ``sidecar.interval_s`` it snapshots the job's GPUs, swaps a fresh
 :class:`ExportState` in, publishes the job's series as a state file that the node's one
-scrape target (``slurmhealth exporter``) serves (:mod:`slurmhealth.export_state`), feeds the
+scrape target (``slurmhealth exporter``) serves (:mod:`slurmhealth.metrics.export_state`), feeds the
 detectors, and batches samples and events into the node's history. It exits on SIGTERM
 (final flush), or by itself once the job it saw running has no process left on the node, or
 never showed one in ``sidecar.unseen_grace_s`` (:mod:`slurmhealth.sidecar.presence`;
@@ -31,7 +31,7 @@ from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.hang import capture_in_background
 from slurmhealth.sidecar.rdma import exports_rdma
 from slurmhealth.sidecar.state import Event
-from slurmhealth.stopflag import StopFlag
+from slurmhealth.sidecar.stopflag import StopFlag
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
     from slurmhealth.model import NodeSnapshot
@@ -85,7 +85,7 @@ class Sidecar:
         self._sampling = False  # a SIGTERM before the first snapshot ends the process at once
         self._rdma_state: Any = None  # the judged ports last read; False: reading failed
         self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
-        from slurmhealth.metrics import SidecarCollector
+        from slurmhealth.metrics.job_series import SidecarCollector
 
         mc = cfg.metrics
         self._collector = SidecarCollector(self.state, mode=mc.mode,
@@ -109,7 +109,7 @@ class Sidecar:
     def _publish(self) -> None:
         """The job's series, as the exporter will serve them; a failure is logged once and
         the sidecar carries on (its history and detectors do not depend on it)."""
-        from slurmhealth.export_state import UnsafeDir, encode, write_state
+        from slurmhealth.metrics.export_state import UnsafeDir, encode, write_state
 
         try:
             data = encode(self._collector.collect(), self.labels.job_id, os.getpid(), time.time())

@@ -7,7 +7,7 @@ namespaces (slurm_node.py: nothing touches the host's Slurm or munge).
 On the simulator, GPU 3 of n1 has an NVLink down: a job lands on n1 first (lower Weight), the
 prolog drains n1 with slurmhealth's reason, Slurm requeues the job (not failed, not held), it
 completes on n2, the epilog records it, and ``slurmhealth report`` answers. The Slurm adapter
-(slurmhealth/slurm.py) reads 24.11's real sinfo, squeue and scontrol output.
+(slurmhealth/slurm/__init__.py) reads 24.11's real sinfo, squeue and scontrol output.
 
 Root only; about a minute with a cached root, a few more without: marked slow."""
 
@@ -240,7 +240,7 @@ print(json.dumps({
 
 
 def test_slurm_adapter_reads_24_11_output_and_the_prolog_env_opt_out(node: SlurmNode) -> None:
-    """slurm.py's formats on 24.11's own sinfo, squeue, scontrol and listpids output; the
+    """slurm/__init__.py's formats on 24.11's own sinfo, squeue, scontrol and listpids output; the
     opt-out token arrives in the prolog's environment (SLURM_JOB_EXTRA, new since 23.x)."""
     node.run("scontrol update NodeName=n1 State=RESUME")  # ours: the first test drained it
     sub = node.run("sbatch --parsable -N1 -w n2 --gres=gpu:8 --comment='needs a|pipe' "

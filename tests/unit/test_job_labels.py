@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from slurmhealth import final_series
-from slurmhealth.export_state import Limits, encode, merged, read_states, write_final
-from slurmhealth.metrics import SidecarCollector
+from slurmhealth.metrics import final_series
+from slurmhealth.metrics.export_state import Limits, encode, merged, read_states, write_final
+from slurmhealth.metrics.job_series import SidecarCollector
 from slurmhealth.model_records import ExportState
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
 from tests.unit.test_metrics import state
@@ -140,7 +140,7 @@ def test_the_newest_finished_job_wins_a_gpu(tmp_path: Path) -> None:
 
 
 def encode_final(fams: list[dict[str, object]], job_id: str, ts: float) -> bytes:
-    from slurmhealth.export_state import encode_families
+    from slurmhealth.metrics.export_state import encode_families
 
     return encode_families(fams, job_id, os.getpid(), ts)  # type: ignore[arg-type]
 

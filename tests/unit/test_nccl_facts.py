@@ -14,8 +14,8 @@ import pytest
 
 from slurmhealth.diagnose.engine import diagnose
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+from slurmhealth.diagnose.nccl_log import NcclFacts, read_facts
 from slurmhealth.evidence.summary import bundle_nccl
-from slurmhealth.nccl_log import NcclFacts, read_facts
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 

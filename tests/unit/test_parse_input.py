@@ -8,9 +8,9 @@ import pytest
 
 from slurmhealth.cli.history import parse_since
 from slurmhealth.cli.report import parse_window
+from slurmhealth.config.timeparse import duration_s, since_ts
 from slurmhealth.errors import UsageError
 from slurmhealth.model import parse_gpu_list
-from slurmhealth.timeparse import duration_s, since_ts
 
 NOW = 1_700_000_000.0
 

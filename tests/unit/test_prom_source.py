@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import PrometheusError, UsageError
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
 from slurmhealth.history.rows import sample_rows
+from slurmhealth.metrics import final_series
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.report import prometheus

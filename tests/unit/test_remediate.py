@@ -27,7 +27,7 @@ from slurmhealth.hooks import remediate as rem
 from slurmhealth.hooks.healthcheck import run_healthcheck
 from slurmhealth.hooks.prolog import Adapters
 from slurmhealth.hooks.remediate_plan import plan_fleet
-from slurmhealth.node_metrics import NodeFacts, node_families, read_history
+from slurmhealth.metrics.node import NodeFacts, node_families, read_history
 from slurmhealth.slurm import NodeInfo
 from tests.support.recording_slurm import RecordingSlurm
 from tests.support.sim_config import hook_flags

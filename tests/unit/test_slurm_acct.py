@@ -3,7 +3,7 @@ event -P``, with SLURM_TIME_FORMAT=%s), as Slurm 22.05 and 24.11 print it."""
 
 from __future__ import annotations
 
-from slurmhealth.slurm_acct import parse_events, parse_sacct
+from slurmhealth.slurm.acct import parse_events, parse_sacct
 
 # verified on this machine's Slurm 22.05.8 (the same fields and order in 24.11)
 SACCT = (

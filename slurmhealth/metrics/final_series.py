@@ -31,8 +31,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slurmhealth.metrics.series_labels import SeriesLabels
 from slurmhealth.model_records import Job, job_label_values
-from slurmhealth.series_labels import SeriesLabels
 
 STAT = "slurmhealth_job_gpu_stat"
 JOB_STAT = "job_id"  # info mode: the stat that names the job

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from slurmhealth.slurm_base import HostlistError, JobInfo, expand_hostlist, null
+from slurmhealth.slurm.base import HostlistError, JobInfo, expand_hostlist, null
 
 SACCT_FIELDS = (
     "JobIDRaw",

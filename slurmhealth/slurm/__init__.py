@@ -17,7 +17,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from slurmhealth.slurm_acct import (
+from slurmhealth.slurm.acct import (
     EVENT_FIELDS,
     SACCT_FIELDS,
     AcctJob,
@@ -25,7 +25,7 @@ from slurmhealth.slurm_acct import (
     parse_events,
     parse_sacct,
 )
-from slurmhealth.slurm_base import (
+from slurmhealth.slurm.base import (
     MAX_HOSTS,
     MAX_REASON,
     REASON_PREFIX,
@@ -38,7 +38,7 @@ from slurmhealth.slurm_base import (
     expand_hostlist,
     null,
 )
-from slurmhealth.slurm_batch import (
+from slurmhealth.slurm.batch import (
     BatchJob,
     parse_job_states,
     parse_sbatch,
@@ -307,7 +307,7 @@ def parse_job_line(job_id: str, out: str) -> JobInfo | None:
 def open_slurm(backend: str = "cli", timeout_s: float = 5.0) -> SlurmBackend:
     """The configured backend; ``auto`` takes pyslurm only when it imports and matches."""
     if backend in ("pyslurm", "auto"):
-        from slurmhealth import slurm_pyslurm
+        from slurmhealth.slurm import pyslurm_backend as slurm_pyslurm
 
         reason = slurm_pyslurm.unavailable()
         if reason is None:
