@@ -1,4 +1,4 @@
-"""Ranges and cross-field rules of the config, checked after the types (``config.py``).
+"""Ranges and cross-field rules of the config, checked after the types (``config/__init__.py``).
 
 Every numeric setting has a range here; a value outside it (NaN and infinity included)
 is a :class:`ConfigError` naming the file (or environment variable, or flag) and the key,
@@ -17,12 +17,33 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from slurmhealth.errors import ConfigError
 
 if TYPE_CHECKING:
-    from slurmhealth.config import Config
+    from slurmhealth.config.sections import ReportConfig
+
+
+class _Checks(Protocol):
+    @property
+    def settings(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class Config(Protocol):
+    """What the range check reads of a loaded config (``slurmhealth.config.Config``, which
+    imports this module: named here by its shape, so the two import nothing of each other):
+    its sections as dataclass fields, and which file, variable or flag set each value."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def checks(self) -> _Checks: ...
+    @property
+    def report(self) -> ReportConfig: ...
+    @property
+    def sources(self) -> Mapping[str, str]: ...
+
 
 WRAPPER_TIMEOUTS: Mapping[str, tuple[str, float]] = {
     "prolog": ("SLURMHEALTH_PROLOG_TIMEOUT", 8.0),

@@ -200,7 +200,7 @@ def judge(
     partition: str | None = None,
 ) -> Judged:
     """Run the check catalog over ``snapshot`` and the new kernel-log lines (MIG: gpu_scope)."""
-    from slurmhealth.checks import CheckContext, counters, run_checks
+    from slurmhealth.checks import CheckContext, counters, run_checks, window_of
     from slurmhealth.hooks.gpu_scope import imex_for, job_scope, node_topology
     from slurmhealth.hooks.kernel_read import predating_findings
     from slurmhealth.hooks.rdma_read import read_rdma_for_checks
@@ -245,7 +245,7 @@ def judge(
             counters.remember(
                 remembered,
                 snapshot,
-                counters.window_of(cfg.checks.settings),
+                window_of(cfg.checks.settings),
                 {**ctx.counters, **net.counters},
             )
         ),

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth.checks import CheckContext, catalog, run_check
-from slurmhealth.checks.counters import History, remember, window_of
+from slurmhealth.checks import CheckContext, catalog, run_check, window_of
+from slurmhealth.checks.counters import History, remember
 from slurmhealth.checks.network import rdma_counters_of
 from slurmhealth.metrics.job_series import RDMA_ERROR_COUNTERS
 from slurmhealth.model import NodeSnapshot

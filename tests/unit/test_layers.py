@@ -1,5 +1,8 @@
 """The layer map of docs/architecture.md, enforced: every ``slurmhealth`` import (module level
-or inside a function) goes to the same layer or one below, and no two units import each other.
+or inside a function) goes to the same layer or one below, no two units import each other, no
+module imports itself back through any chain of imports (lazy and type-only ones counted),
+and the package root holds a handful of modules, the rest living in the packages that name
+the parts.
 
 The map lives in docs/architecture.md as a table; this test parses that table, so the doc and
 the test cannot drift apart.
@@ -142,6 +145,44 @@ def cycles() -> list[list[str]]:
     return found
 
 
+def module_cycles() -> list[list[str]]:
+    """Import cycles between modules, counting every import: module level, inside a function
+    (a lazy import still needs the other module to be importable first) and for the type
+    checker only (the two modules still describe each other). A package's ``__init__`` is the
+    package's module; a submodule importing its package's names is an edge like any other."""
+    known = modules()
+    graph = {name: {t for t, _ in imports_of(name, path) if t in known and t != name}
+             for name, path in known.items()}  # fmt: skip
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def strongly_connected(node: str) -> None:  # Tarjan
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                strongly_connected(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = [stack.pop()]
+            while group[-1] != node:
+                group.append(stack.pop())
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            strongly_connected(node)
+    return found
+
+
+ROOT_MODULES_MAX = 6
+
+
 def test_the_doc_has_a_map() -> None:
     table = layer_map()
     assert set(table.values()) == set(LAYERS), table
@@ -160,6 +201,39 @@ def test_no_import_against_the_map() -> None:
 
 def test_no_cycles_between_units() -> None:
     assert not cycles()
+
+
+def test_no_import_cycle_between_modules() -> None:
+    assert not module_cycles()
+
+
+def test_the_package_root_holds_a_handful_of_modules() -> None:
+    """The root keeps what everything shares (errors, the model, the client library, the
+    entry point); a part of the system is a package named after it (slurm, config, metrics,
+    access, history, ...), so the tree shows the architecture."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(loose) <= ROOT_MODULES_MAX, loose
+
+
+def test_a_lazy_or_type_only_cycle_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cycle check itself: a lazy import back, or one for the type checker only, closes a
+    cycle as much as a module-level one."""
+    fake = tmp_path / "slurmhealth"
+    (fake / "pkg").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "pkg" / "__init__.py").write_text("def f():\n    from slurmhealth.pkg import part\n")
+    (fake / "pkg" / "part.py").write_text("from slurmhealth.pkg import f\n")
+    (fake / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from slurmhealth import b\n")  # fmt: skip
+    (fake / "b.py").write_text("import slurmhealth.a\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", fake)
+    assert module_cycles() == [
+        ["slurmhealth.a", "slurmhealth.b"],
+        ["slurmhealth.pkg", "slurmhealth.pkg.part"],
+    ]
 
 
 def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
