@@ -244,9 +244,10 @@ def report_json(url: str, job: str, start: float, end: float) -> str:
         JobFacts(job_id=job, nodes=tuple(stats), start_ts=start, end_ts=end, state="completed"),
         tuple(NodeFacts(node=node, gpus=gpus) for node, gpus in stats.items()),
     )
-    read_from = build._Read((), (), (), ())
-    report = build._assemble(load_config(os.devnull, env={}), job, facts, diagnose(facts),
-                             read_from, None, None)  # fmt: skip
+    cfg = load_config(os.devnull, env={})
+    report = build.assemble(facts, diagnose(facts), build.Read((), (), (), ()),
+                            straggler_ratio=cfg.sidecar.straggler_ratio, window_s=None,
+                            now=time.time())  # fmt: skip
     return json.dumps(to_json(report))
 
 

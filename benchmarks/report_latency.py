@@ -254,7 +254,7 @@ def _profile(cfg: Path, n: int = 15) -> str:
     import pstats
 
     from slurmhealth.config import load_config
-    from slurmhealth.report.build import build_report
+    from slurmhealth.report.gather import build_report
     from slurmhealth.report.render import to_json
 
     conf = load_config(str(cfg), env={})

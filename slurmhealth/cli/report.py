@@ -66,7 +66,7 @@ def report(
     Users may read their own jobs; root and the admin group of the root-owned system config
     any (else exit 4).
     """
-    from slurmhealth.report.build import build_report
+    from slurmhealth.report.gather import build_report
 
     if as_json + as_markdown + (html_file is not None) > 1:
         raise UsageError("choose one of --json, --markdown, --html")

@@ -77,7 +77,7 @@ def run_ctld_epilog(
     """Build the job's summary and store it; raises nothing it can name (the caller logs
     what it cannot)."""
     from slurmhealth.report import admin_comment
-    from slurmhealth.report.build import build_report
+    from slurmhealth.report.gather import build_report
 
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not _JOB_ID.fullmatch(job_id):

@@ -181,6 +181,97 @@ def module_cycles() -> list[list[str]]:
 
 
 ROOT_MODULES_MAX = 6
+STAGES = ("gather", "build", "render")
+# what a build module may not import: the standard library's I/O (databases, commands, the
+# network, the filesystem's listing and users), named by top-level module
+IO_MODULES = frozenset({"sqlite3", "subprocess", "urllib", "http", "socket", "glob", "pwd",
+                        "grp", "shutil", "tempfile", "pathlib"})  # fmt: skip
+
+
+def stage_map() -> dict[str, str]:
+    """``{report module: stage}`` from the doc's table ``| gather | `a`, `b` |``."""
+    out: dict[str, str] = {}
+    for line in DOC.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] in STAGES:
+            out.update((name, cells[0]) for name in re.findall(r"`(slurmhealth[\w.]*)`", cells[1]))
+    return out
+
+
+def stdlib_imports(path: Path) -> Iterator[tuple[str, int]]:
+    """The top-level non-slurmhealth modules a module imports at run time, with the line."""
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_only(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            yield from ((a.name.split(".")[0], node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.module.split(".")[0], node.lineno
+
+
+def stage_violations(stages: dict[str, str], table: dict[str, str]) -> list[str]:
+    """Build modules: no I/O module, nothing below the domain's neighbours (adapters,
+    orchestration, entry) and nothing of gather or render; render: nothing of gather."""
+    out = []
+    for name, path in modules().items():
+        stage = stages.get(name)
+        if stage not in ("build", "render"):
+            continue
+        where = f"{path.relative_to(ROOT)}"
+        for lib, line in stdlib_imports(path):
+            if stage == "build" and lib in IO_MODULES:
+                out.append(f"{where}:{line}: the build ({name}) imports {lib}, which does I/O")
+        for target, line in imports_of(name, path, runtime_only=True):
+            theirs = stages.get(target)
+            if stage == "build" and theirs in ("gather", "render"):
+                out.append(f"{where}:{line}: the build ({name}) imports {target} ({theirs})")
+            elif stage == "build" and layer_of(target, table) in (
+                "adapters",
+                "orchestration",
+                "entry",
+            ):
+                out.append(f"{where}:{line}: the build ({name}) imports {target}, an adapter")
+            elif stage == "render" and theirs == "gather":
+                out.append(f"{where}:{line}: the render ({name}) imports {target} (gather)")
+    return out
+
+
+def test_every_report_module_has_a_stage() -> None:
+    stages = stage_map()
+    report = [n for n in modules() if n.startswith("slurmhealth.report.")]
+    assert set(stages.values()) == set(STAGES), stages
+    assert sorted(n for n in report if n not in stages) == []
+    assert sorted(n for n in stages if n not in modules()) == []
+
+
+def test_the_report_build_is_pure() -> None:
+    bad = stage_violations(stage_map(), layer_map())
+    assert not bad, "\n".join(bad)
+
+
+def test_an_impure_build_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage check itself: a build module that runs sqlite or calls the gathering, and a
+    renderer that reads a history, are each reported."""
+    fake = tmp_path / "slurmhealth"
+    (fake / "report").mkdir(parents=True)
+    for name in ("__init__.py", "report/__init__.py", "report/gather.py"):
+        (fake / name).write_text("")
+    (fake / "report" / "build.py").write_text(
+        "import sqlite3\n\ndef f():\n    from slurmhealth.report import gather\n"
+    )
+    (fake / "report" / "render.py").write_text("from slurmhealth.report.gather import x\n")
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", fake)
+    stages = {"slurmhealth.report.gather": "gather", "slurmhealth.report.build": "build",
+              "slurmhealth.report.render": "render"}  # fmt: skip
+    bad = stage_violations(stages, {"slurmhealth.report": "domain"})
+    assert [b.split(": ", 1)[1] for b in bad] == [
+        "the build (slurmhealth.report.build) imports sqlite3, which does I/O",
+        "the build (slurmhealth.report.build) imports slurmhealth.report.gather (gather)",
+        "the render (slurmhealth.report.render) imports slurmhealth.report.gather (gather)",
+    ]
 
 
 def test_the_doc_has_a_map() -> None:

@@ -22,7 +22,8 @@ from slurmhealth.diagnose.facts import GpuStats, NodeFacts
 from slurmhealth.errors import UsageError
 from slurmhealth.history import Batch, History
 from slurmhealth.history.rows import sample_columns
-from slurmhealth.report.build import PermissionDenied, Report, build_report
+from slurmhealth.report.build import Report
+from slurmhealth.report.gather import PermissionDenied, build_report
 from slurmhealth.report.html import to_html
 from slurmhealth.report.render import print_report, to_json, to_markdown
 

@@ -18,8 +18,8 @@ from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
 from slurmhealth.report import admin_comment
 from slurmhealth.report.answer import answer
-from slurmhealth.report.build import build_report
 from slurmhealth.report.efficiency import efficiency
+from slurmhealth.report.gather import build_report
 from slurmhealth.slurm import SlurmCli
 
 T0 = 1_796_156_844

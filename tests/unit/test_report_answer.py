@@ -17,8 +17,9 @@ from rich.console import Console
 from slurmhealth.cli.options import Ctx
 from slurmhealth.cli.report import report as report_command
 from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
-from slurmhealth.report.build import Report, build_report
+from slurmhealth.report.build import Report
 from slurmhealth.report.efficiency import efficiency
+from slurmhealth.report.gather import build_report
 from slurmhealth.report.html import to_html
 from slurmhealth.report.plots import nice_ticks, time_ticks
 from slurmhealth.report.render import print_report, to_json, to_markdown

@@ -22,7 +22,7 @@ PROBE = """
 import json, resource, sys
 from slurmhealth.config import load_config
 from slurmhealth.history import reader
-from slurmhealth.report.build import build_report
+from slurmhealth.report.gather import build_report
 
 live, opened, peak = set(), [], [0]
 connect, close = reader.Reader.connection, reader.Reader.close
