@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from slurmhealth.config.timeparse import duration_s
 from slurmhealth.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -49,8 +49,6 @@ WRAPPER_TIMEOUTS: Mapping[str, tuple[str, float]] = {
     "prolog": ("SLURMHEALTH_PROLOG_TIMEOUT", 8.0),
     "epilog": ("SLURMHEALTH_EPILOG_TIMEOUT", 20.0),
 }
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([smhd]?)\s*")  # timeout(1) syntax
-_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DAY = 86400.0
 
 
@@ -255,10 +253,10 @@ def wrapper_timeout(env: Mapping[str, str], hook: str) -> tuple[float, str]:
     text = env.get(var, "")
     if not text:
         return default, f"{var} default"
-    match = _DURATION.fullmatch(text)
-    if not match or float(match[1]) <= 0:
+    seconds = duration_s(text)  # the wrappers hand it to timeout(1): the same grammar
+    if seconds is None or seconds <= 0:
         raise ConfigError(f"environment {var}", None, f"expected seconds (e.g. 8), got {text!r}")
-    return float(match[1]) * _UNIT[match[2]], var
+    return seconds, var
 
 
 def _fail(cfg: Config, dotted: str, problem: str, table: str = "") -> None:
