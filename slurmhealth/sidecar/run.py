@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmhealth.checks.mig import only_instances
 from slurmhealth.config import Config
@@ -34,9 +34,20 @@ from slurmhealth.sidecar.state import Event
 from slurmhealth.sidecar.stopflag import StopFlag
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
+    from slurmhealth.gpu import GpuBackend
+    from slurmhealth.kernel_log import KernelLogReader
     from slurmhealth.model import NodeSnapshot
     from slurmhealth.model_records import TaskStats
+    from slurmhealth.rdma.model import RdmaSnapshot
     from slurmhealth.sidecar.detectors import Detectors
+    from slurmhealth.sidecar.rdma import RdmaWatch
+
+
+class Presence(Protocol):
+    """Whether the job still has a process on this node (``sidecar.presence.JobPresence``)."""
+
+    def ended(self) -> bool: ...
+
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -83,7 +94,8 @@ class Sidecar:
         self._history: History | None = None
         self._why_stopped = "job gone"
         self._sampling = False  # a SIGTERM before the first snapshot ends the process at once
-        self._rdma_state: Any = None  # the judged ports last read; False: reading failed
+        # the judged ports last read; False: reading failed
+        self._rdma_state: RdmaSnapshot | bool | None = None
         self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
         from slurmhealth.metrics.job_series import SidecarCollector
 
@@ -266,14 +278,14 @@ class Sidecar:
             self.cleanup()
             backend.close()
 
-    def _rdma_watch(self) -> Any:
+    def _rdma_watch(self) -> RdmaWatch | None:
         """The RDMA ports' sampler and detector; None (nothing of it loaded) unless
         ``[rdma]`` is enabled and the node shows RDMA devices."""
         from slurmhealth.sidecar import rdma
 
         return rdma.RdmaWatch(self.cfg, self.node) if rdma.configured(self.cfg, self.node) else None
 
-    def _rdma_step(self, watch: Any, snapshot: NodeSnapshot) -> list[Event]:
+    def _rdma_step(self, watch: RdmaWatch | None, snapshot: NodeSnapshot) -> list[Event]:
         """One read of the RDMA ports (once per interval): their series for the next
         publish, their events now. A failed read is logged once and judged nothing."""
         if watch is None:
@@ -291,7 +303,7 @@ class Sidecar:
         self._rdma_state = job_ports(read, watch.expect)
         return events
 
-    def _open_and_announce(self) -> Any:
+    def _open_and_announce(self) -> GpuBackend:
         """The GPU backend, once the sidecar's files say it runs; on a failure (a full disk)
         nothing is left behind."""
         from slurmhealth.gpu import open_backend
@@ -305,7 +317,7 @@ class Sidecar:
             raise
         return backend
 
-    def _kernel_log(self, backend: Any) -> tuple[Any, Any]:
+    def _kernel_log(self, backend: GpuBackend) -> tuple[KernelLogReader, Any]:
         """The kernel-log reader of the sidecar and where to start: the epilog's cursor
         (read-only here: the epilog owns it)."""
         from slurmhealth.kernel_log import KernelLogReader
@@ -325,7 +337,7 @@ class Sidecar:
                         self.labels.job_id, exc, self.interval * 2)  # fmt: skip
             return klog, None
 
-    def _job_ended(self, presence: Any) -> bool:
+    def _job_ended(self, presence: Presence) -> bool:
         if not presence.ended():
             return False
         log.info("job %s has no process left here: sidecar exits", self.labels.job_id)
@@ -376,7 +388,7 @@ class Sidecar:
 
         capture_in_background(self.cfg, self.labels, self.node, self.gpus, kinds)
 
-    def _watch_xids(self, backend: Any, queue: list[XidEvent]) -> None:
+    def _watch_xids(self, backend: GpuBackend, queue: list[XidEvent]) -> None:
         while not self._stop.is_set():
             try:
                 xids = backend.wait_xid(1.0)
