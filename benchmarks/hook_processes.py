@@ -12,7 +12,8 @@ scenario, with the sidecar on, in a private state dir. Interleaved, per round:
 - the epilog of a job that ends 0.3 s after its prolog (its sidecar still starting: the
   case that cost 0.9 s in stop_sidecar) with the agent, without it, and, with
   ``--baseline DIR`` (an older checkout, e.g. ``git archive d3535e1 | tar -x -C DIR``),
-  that release's epilog: the epilog is the node's turnaround between two jobs.
+  that release's prolog (in-process) and epilog: the epilog is the node's turnaround
+  between two jobs.
 
 Then 16 prologs at once through the agent (fail-opens, NVML reads) and the agent's RSS and
 idle CPU. Prints medians and ratios. Not part of the test run.
@@ -200,7 +201,8 @@ def main() -> None:
             t.setdefault("nhc", []).append(_nhc(args.nhc))
             if old is not None:
                 env = old.env(JOB0 + 500 + i, str(i % 8), False)
-                old.hook("prolog", env)
+                took = old.hook("prolog", env)
+                t.setdefault("prolog, no agent, before this change", []).append(took)
                 time.sleep(args.short_job_s)
                 t.setdefault("epilog, before this change", []).append(old.hook("epilog", env))
                 old.settle()

@@ -13,8 +13,9 @@ import functools
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
+
+from slurmhealth.checks.packaged import packaged_text
 
 STEPS = ("reset", "reboot", "none")
 
@@ -36,7 +37,7 @@ class Plan:
 @functools.cache
 def policy() -> Mapping[str, Mapping[str, str]]:
     """The packaged table: ``check`` -> step, ``xid_immediate`` -> step."""
-    text = resources.files("slurmhealth.checks").joinpath("remediation.toml").read_text()
+    text = packaged_text("remediation.toml")
     data = tomllib.loads(text)
     for section in ("check", "xid_immediate"):
         bad = {k: v for k, v in data.get(section, {}).items() if v not in STEPS}

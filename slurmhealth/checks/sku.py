@@ -35,9 +35,10 @@ class Sku:
 def _rows() -> Mapping[str, Mapping[str, Any]]:
     """The packaged table (read on first use; a broken file is a packaging bug and raises)."""
     import tomllib
-    from importlib import resources
 
-    text = resources.files("slurmhealth.checks").joinpath("sku_table.toml").read_text()
+    from slurmhealth.checks.packaged import packaged_text
+
+    text = packaged_text("sku_table.toml")
     rows: dict[str, Mapping[str, Any]] = tomllib.loads(text)["sku"]
     return rows
 

@@ -49,9 +49,10 @@ class Nvlink5:
 @functools.cache
 def _rows() -> tuple[Mapping[str, Any], ...]:
     import tomllib
-    from importlib import resources
 
-    text = resources.files("slurmhealth.checks").joinpath("xid_nvlink5.toml").read_text()
+    from slurmhealth.checks.packaged import packaged_text
+
+    text = packaged_text("xid_nvlink5.toml")
     return tuple(tomllib.loads(text)["row"])
 
 

@@ -62,9 +62,10 @@ def _catalog() -> _Catalog:
     """Read the packaged catalog on first use (a check run without Xids never pays for it);
     a broken file is a packaging bug and raises."""
     import tomllib
-    from importlib import resources
 
-    text = resources.files("slurmhealth.checks").joinpath("xid_catalog.toml").read_text()
+    from slurmhealth.checks.packaged import packaged_text
+
+    text = packaged_text("xid_catalog.toml")
     data: dict[str, Any] = tomllib.loads(text)
     buckets: dict[str, dict[str, str]] = data["bucket"]
     rows: dict[int, XidInfo] = {}

@@ -8,73 +8,15 @@ import contextlib
 import logging
 import os
 import sys
-import time
 
 import click
 
 from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
-
-SYSLOG_SOCKET = "/dev/log"
-
-
-def _hook_setup(name: str, node: str | None = None) -> None:
-    """What every hook process does first: an existing history is never migrated inside the
-    hook's timeout (what it writes is spooled; the admin migrates), and its log lines name
-    the hook, the job and the node."""
-    from slurmhealth.history import History
-
-    History.defer_migrations = True
-    _hook_logging(name, node)
-
-
-def _hook_logging(name: str, node: str | None) -> None:
-    node = node or os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    who = f"node={node}" if name == "healthcheck" else (
-        f"job={os.environ.get('SLURM_JOB_ID', '?')} node={node}"
-    )  # fmt: skip
-    fmt = f"slurmhealth {name}[{who}]: %(levelname)s: %(message)s"
-    root = logging.getLogger()
-    # the hooks' stderr reaches slurmd's log and the wrapper, which add the time and send
-    # it to syslog; the sidecar's goes straight to SLURMHEALTH_LOG_FILE: it stamps its own
-    stamped = logging.Formatter("%(asctime)s " + fmt, "%Y-%m-%dT%H:%M:%SZ")
-    stamped.converter = time.gmtime
-    for handler in root.handlers:
-        handler.setFormatter(stamped if name == "sidecar" else logging.Formatter(fmt))
-    root.setLevel(min(root.level, logging.INFO))
-    if name == "sidecar":
-        _to_syslog(root, f"slurmhealth-{name}[{who}]: %(levelname)s: %(message)s")
-
-
-def _to_syslog(logger: logging.Logger, fmt: str) -> None:
-    """Also send ``logger``'s records to syslog/journal (identifier ``slurmhealth``, as the
-    wrappers' ``logger -t slurmhealth``) where the node has a syslog socket."""
-    from logging.handlers import SysLogHandler
-
-    if not os.path.exists(SYSLOG_SOCKET) or any(
-        isinstance(h, SysLogHandler) for h in logger.handlers
-    ):
-        return
-    try:
-        handler = SysLogHandler(address=SYSLOG_SOCKET, facility=SysLogHandler.LOG_DAEMON)
-    except OSError:
-        return
-    handler.ident = "slurmhealth: "
-    handler.setFormatter(logging.Formatter(fmt))
-    logger.addHandler(handler)
+from slurmhealth.hooks.entry import hook_setup, run_hook
 
 
 def _hook(ctx: Ctx, name: str) -> None:
-    from slurmhealth.hooks.prolog import run_epilog, run_prolog
-
-    _hook_setup(name)
-    runner = run_prolog if name == "prolog" else run_epilog
-    result = runner(ctx.config(), os.environ)
-    drain = result.drain
-    summary = f"{result.status}" + (f"; {drain.state}: {drain.reason}" if drain else "")
-    if drain and drain.detail:
-        summary += f" ({drain.detail})"
-    logging.getLogger("slurmhealth.hooks").info("%s", summary)
-    sys.exit(result.exit_code)
+    run_hook(ctx.config(), name)
 
 
 @click.command()
@@ -113,7 +55,7 @@ def sidecar(ctx: Ctx, job_id: str, gpus: tuple[int, ...] | None, interval: float
     from slurmhealth.sidecar.lifecycle import LABELS_ENV
     from slurmhealth.sidecar.run import Sidecar
 
-    _hook_setup("sidecar")
+    hook_setup("sidecar")
     flags = {} if interval is None else {"sidecar.interval_s": interval}
     cfg = ctx.config(flags)
     from slurmhealth.hooks.job import clean_env
@@ -150,11 +92,11 @@ def healthcheck(ctx: Ctx, as_json: bool) -> None:
     from slurmhealth.cli import render
     from slurmhealth.hooks.healthcheck import healthcheck as run
 
-    _hook_setup("healthcheck")
+    hook_setup("healthcheck")
     hook_log = logging.getLogger("slurmhealth.hooks")
     try:
         cfg = ctx.config()
-        _hook_setup("healthcheck", cfg.node_name)
+        hook_setup("healthcheck", cfg.node_name)
         result = run(cfg)
     except Exception as exc:  # fail open, loudly: a broken checker never drains
         hook_log.error("%s: %s; nothing checked, node left as it is", type(exc).__name__, exc,
@@ -184,7 +126,7 @@ def ctld_epilog(ctx: Ctx) -> None:
     """
     from slurmhealth.hooks.ctld_epilog import run_ctld_epilog
 
-    _hook_setup("ctld-epilog", "controller")
+    hook_setup("ctld-epilog", "controller")
     hook_log = logging.getLogger("slurmhealth.hooks")
     try:
         result = run_ctld_epilog(ctx.config(), os.environ)
@@ -214,7 +156,7 @@ def epilog_finish(ctx: Ctx, entries: tuple[str, ...]) -> None:
         os.nice(10)  # behind the node's next prolog and job
     job = os.path.basename(entries[0]).split(".")[0] if entries else "pending"
     os.environ["SLURM_JOB_ID"] = job
-    _hook_setup("epilog-finish")
+    hook_setup("epilog-finish")
     hook_log = logging.getLogger("slurmhealth.hooks")
     try:
         cfg = ctx.config()

@@ -14,7 +14,6 @@ instance ids, memory and processes.
 from __future__ import annotations
 
 import ctypes
-import uuid as uuidlib
 from typing import Any, Protocol
 
 from slurmhealth.model import GpuProcess, MigDevice
@@ -43,6 +42,8 @@ def read_fabric(r: Reader, h: Any) -> dict[str, Any]:
         info.version = int(getattr(lib, "nvmlGpuFabricInfo_v2", 0))
         answer, code = r.attempt("nvmlDeviceGetGpuFabricInfoV", h, ctypes.byref(info))
         if code is None and answer is not None:
+            import uuid as uuidlib  # here: 2.5 ms of every hook's start otherwise
+
             cluster = bytes(info.clusterUuid)
             return (
                 out

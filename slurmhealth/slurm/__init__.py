@@ -221,7 +221,7 @@ class SlurmCli:
 
 SINFO_FORMAT = "%N|%T|%H|%u|%E"
 SQUEUE_FORMAT = "%u|%a|%P|%q|%Q|%N|%T|%k"  # the comment last: it may hold "|"
-NODE_JOBS_FORMAT = "%i|" + SQUEUE_FORMAT  # every job of a node, one line each
+NODE_JOBS_FORMAT = "%A|" + SQUEUE_FORMAT  # every job of a node; %A: an array task's own id
 # `scontrol show job -o`: one line of Key=Value; values may hold spaces (Comment, paths),
 # so the line is split before each " Key=" (a comment may fake one: see parse_show_job)
 _KEY = r"[A-Za-z][A-Za-z0-9:/_]*"
@@ -276,7 +276,7 @@ def parse_node_jobs(out: str) -> dict[str, JobInfo]:
     found: dict[str, JobInfo | None] = {}
     for line in out.splitlines():
         job_id, sep, rest = line.partition("|")
-        if not sep or not re.fullmatch(r"[0-9]{1,12}(?:_[0-9]{1,12})?", job_id):
+        if not sep or not re.fullmatch(r"[0-9]{1,12}", job_id):
             continue
         info = parse_job_line(job_id, rest)
         found[job_id] = None if job_id in found else info

@@ -1,8 +1,10 @@
 """A two-node Slurm cluster inside a Debian root, isolated from the host: its own PID, mount,
 network (loopback only), UTS (host name ``n1``) and IPC namespaces, its own /dev (the null
 devices plus eight fake GPUs, ``/dev/nvidia[0-7]``, as gres.conf wants character devices),
-its own munge key and socket. Nothing it mounts is seen outside; when the namespace's first
-process dies the kernel ends every process in it, daemons included: stopping is one kill.
+its own munge key and socket; where the root has a slurmdbd.conf, its own MariaDB (socket
+only) and slurmdbd, with the cluster registered. Nothing it mounts is seen outside; when the
+namespace's first process dies the kernel ends every process in it, daemons included:
+stopping is one kill.
 
 Commands run in it with ``nsenter`` (as root, in the root's /)."""
 
@@ -46,6 +48,14 @@ while True:
 """
 
 START_DAEMONS = """
+# wait_for SECONDS WHAT CMD...: until CMD succeeds, else fail naming WHAT
+wait_for() {
+    tries=$(($1 * 10)); what=$2; shift 2; i=0
+    until "$@" >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -lt $tries ] || { echo "$what does not answer" >&2; exit 1; }
+        sleep 0.1
+    done
+}
 install -d -o munge -g munge -m 0755 /run/munge
 install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge /etc/munge
 if [ ! -s /etc/munge/munge.key ]; then
@@ -53,13 +63,26 @@ if [ ! -s /etc/munge/munge.key ]; then
     chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
 fi
 runuser -u munge -- /usr/sbin/munged
-i=0
-until munge -n | unmunge >/dev/null 2>&1; do
-    i=$((i + 1)); [ $i -lt 100 ] || { echo "munged does not answer" >&2; exit 1; }
-    sleep 0.1
-done
+wait_for 10 munged sh -c 'munge -n | unmunge'
 install -d /var/lib/slurm/slurmctld /var/lib/slurm/slurmd/n1 /var/lib/slurm/slurmd/n2 \
     /var/log/slurm
+if [ -f /etc/slurm/slurmdbd.conf ]; then  # accounting: MariaDB (socket only), slurmdbd
+    install -d -o mysql -g mysql -m 0755 /run/mysqld
+    if [ ! -d /var/lib/mysql/mysql ]; then
+        install -d -o mysql -g mysql -m 0700 /var/lib/mysql
+        mariadb-install-db --user=mysql --datadir=/var/lib/mysql \
+            --auth-root-authentication-method=socket >/var/log/mariadb-install.log 2>&1
+    fi
+    setsid mariadbd --user=mysql --datadir=/var/lib/mysql --skip-networking \
+        --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mariadbd.pid \
+        --log-error=/var/log/mariadb.log </dev/null >/dev/null 2>&1 &
+    wait_for 30 MariaDB mariadb -u root -e 'SELECT 1'
+    mariadb -u root -e 'CREATE DATABASE IF NOT EXISTS slurm_acct_db'
+    slurmdbd
+    wait_for 30 slurmdbd sacctmgr -n -P show cluster format=cluster
+    sacctmgr -n -P show cluster format=cluster | grep -qx trixie ||
+        sacctmgr -i add cluster trixie >/dev/null
+fi
 slurmctld
 slurmd -N n1
 slurmd -N n2
@@ -109,7 +132,8 @@ class SlurmNode:
         """The tail of every daemon's and slurmhealth's log, for a failure's message."""
         text = []
         for log in ("slurm/slurmctld.log", "slurm/slurmd.n1.log", "slurm/slurmd.n2.log",
-                    "munge/munged.log", "slurmhealth/slurmhealth.log"):  # fmt: skip
+                    "slurm/slurmdbd.log", "mariadb.log", "munge/munged.log",
+                    "slurmhealth/slurmhealth.log"):  # fmt: skip
             path = self.root / "var/log" / log
             if path.exists():
                 text.append(f"--- {log}\n" + "\n".join(path.read_text().splitlines()[-25:]))

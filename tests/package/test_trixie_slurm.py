@@ -6,7 +6,9 @@ namespaces (slurm_node.py: nothing touches the host's Slurm or munge).
 
 On the simulator, GPU 3 of n1 has an NVLink down: a job lands on n1 first (lower Weight), the
 prolog drains n1 with slurmhealth's reason, Slurm requeues the job (not failed, not held), it
-completes on n2, the epilog records it, and ``slurmhealth report`` answers. The Slurm adapter
+completes on n2, the epilog records it, and ``slurmhealth report`` answers. With slurmdbd over
+MariaDB in the root, a failed job's summary reaches ``sacct`` (AdminComment) after the job
+completed, with no EpilogSlurmctld. The Slurm adapter
 (slurmhealth/slurm/__init__.py) reads 24.11's real sinfo, squeue and scontrol output.
 
 Root only; about a minute with a cached root, a few more without: marked slow."""
@@ -33,7 +35,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, chroot and namespaces need root"),
 ]
 INCLUDE = "python3,python3-venv"
-PACKAGES = "slurmctld slurmd slurm-client munge"
+PACKAGES = "slurmctld slurmd slurm-client munge slurmdbd mariadb-server"
 N1_NVLINK_DOWN = """name = "n1-nvlink-down"
 [nodes.n1.gpu.3]
 nvlink.7.state = "inactive"
@@ -79,7 +81,8 @@ def slurm_conf(snippet: str) -> str:
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core", "GresTypes=gpu",
         "SlurmdParameters=config_overrides", "ReturnToService=2", "SchedulerType=sched/backfill",
         "MessageTimeout=10", "KillWait=5", "MinJobAge=600", "InactiveLimit=0",
-        "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
+        "AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=n1",
+        "JobCompType=jobcomp/none",
         "JobAcctGatherType=jobacct_gather/none", "MpiDefault=none", "MailProg=/bin/true",
         *lines,
         "NodeName=n1 NodeHostname=n1 NodeAddr=127.0.0.1 Port=17001 Weight=1 CPUs=2 "
@@ -122,6 +125,12 @@ def configure(root: Path) -> None:
         "NodeName=n[1-2] Name=gpu Type=h100 File=/dev/nvidia[0-7]\n"
     )
     (root / "etc/slurm/cgroup.conf").write_text("CgroupPlugin=disabled\n")
+    dbd = root / "etc/slurm/slurmdbd.conf"  # MariaDB's root over its socket: no password
+    dbd.write_text("AuthType=auth/munge\nDbdHost=n1\nSlurmUser=root\n"
+                   "PidFile=/run/slurmdbd.pid\nLogFile=/var/log/slurm/slurmdbd.log\n"
+                   "StorageType=accounting_storage/mysql\nStorageHost=localhost\n"
+                   "StorageUser=root\nStorageLoc=slurm_acct_db\n")  # fmt: skip
+    dbd.chmod(0o600)
     (root / "etc/hosts").write_text("127.0.0.1 localhost n1\n")
     config = root / "etc/slurmhealth/config.toml"
     config.write_text(config.read_text() + SLURMHEALTH_TEST_CONFIG)
@@ -224,6 +233,38 @@ def test_slurm_24_11_prolog_drains_requeues_and_epilog_and_report_follow(
     assert {"n1", "n2"} <= {s["node"] for s in answer["sources"]}
 
 
+def test_slurm_24_11_stores_a_failed_jobs_summary_in_sacct_after_it_completed(
+    node: SlurmNode,
+) -> None:
+    """No EpilogSlurmctld: the job's first node writes its summary through slurmdbd
+    (``sacctmgr modify job``) after the job has completed, and 24.11's sacct shows it."""
+    from slurmhealth.report.admin_comment import decode
+
+    conf = node.run("scontrol show config").stdout
+    # 22.05 prints "EpilogSlurmctld = (null)", 24.11 no line at all ("EpilogSlurmctld[0]" if set)
+    assert not re.search(r"^EpilogSlurmctld\S*\s*=\s*(?!\(null\))\S", conf, re.M), conf
+    sub = node.run("sbatch --parsable -N1 -w n2 --gres=gpu:2 -o /dev/null --wrap 'exit 3'")
+    assert sub.returncode == 0, sub.stderr
+    job_id = sub.stdout.strip().split(";")[0]
+    assert wait_job(node, job_id)["JobState"] == "FAILED"
+    ended, stored = time.monotonic(), ""
+    sacct = f"sacct -j {job_id} -X -n -P -o AdminComment,State"
+    while not stored.startswith("sh1:") and time.monotonic() < ended + 30:
+        stored = node.run(sacct).stdout.strip()
+        time.sleep(0.5)
+    took = time.monotonic() - ended
+    assert stored.startswith("sh1:"), f"no AdminComment 30 s after the job ended: {stored!r}\n" + (
+        node.logs()
+    )
+    comment, state = stored.rsplit("|", 1)
+    assert state == "FAILED"  # completed in slurmdbd when its summary landed there
+    summary = decode(comment)
+    assert summary is not None and summary["v"], summary
+    bundle = node.root / f"var/lib/slurmhealth/evidence/{job_id}/n2"
+    assert (bundle / "manifest.json").exists() and (bundle / "summary.json").exists()
+    TIMINGS["admin comment after job end"] = took
+
+
 ADAPTER = """
 import json, sys
 from slurmhealth.slurm import SlurmCli, local_job_ids
@@ -262,7 +303,8 @@ def test_slurm_adapter_reads_24_11_output_and_the_prolog_env_opt_out(node: Slurm
         time.sleep(0.5)
     assert seen["nodes"]["n1"] == ["drained", "slurmhealth: test", "root"]
     assert seen["nodes"]["n2"] == ["mixed", "", ""]  # sinfo prints "root" as %u here
-    assert seen["job"] == ["root", "", "gpu", "", "n2", "running", "needs a|pipe"]
+    # with slurmdbd: root's default account and the default QOS
+    assert seen["job"] == ["root", "root", "gpu", "normal", "n2", "running", "needs a|pipe"]
     assert seen["show"] == {"JobState": "RUNNING", "StdOut": "/dev/null",
                             "Comment": "needs a|pipe", "Extra": "slurmhealth=off",
                             "NodeList": "n2"}  # fmt: skip

@@ -268,6 +268,35 @@ def test_the_prologs_happy_path_imports_only_the_standard_library(
                     "slurmhealth.agent.protocol", "slurmhealth.agent.client"}  # fmt: skip
 
 
+@pytest.mark.parametrize(("scenario", "status"), [("healthy", "ok"), ("nvlink-down", "fail")])
+def test_the_fallback_decides_as_the_cli_does_without_loading_click(
+    tmp_path: Path, scenario: str, status: str
+) -> None:
+    """No agent: the in-process prolog runs without click (it is on the job's path then too)
+    and decides and records as before, with the CLI's one-line errors."""
+    config = _config(tmp_path, scenario)
+    for job in (6, 7):  # the first creates the node's history (with sqlite-utils, once)
+        env = _env(config, job, "3", SLURMHEALTH_POLICY="warn")  # records, never drains
+        proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurmhealth",
+                               "prolog"], env=env, capture_output=True, text=True,
+                              timeout=DEADLINE_S)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr  # policy warn: the job may start
+    assert "node agent not used (no agent socket at" in proc.stderr
+    imported = {ln.rsplit("|", 1)[-1].strip().split(".")[0] for ln in proc.stderr.splitlines()
+                if ln.startswith("import time:")}  # fmt: skip
+    assert "slurmhealth" in imported and not imported & {"click", "rich", "prometheus_client"}
+    runs = _runs(tmp_path)
+    assert [(r["phase"], r["status"]) for r in runs] == [("prolog", status)] * 2, runs
+    summary = [ln for ln in proc.stderr.splitlines() if "INFO:" in ln]
+    assert summary[-1].startswith(f"slurmhealth prolog[job={BASE + 7} node=n1]: INFO: {status}")
+    config.write_text(config.read_text() + "[bogus]\n")  # a config error: one line, exit 2
+    bad = subprocess.run([sys.executable, "-m", "slurmhealth", "prolog"], env=env,
+                         capture_output=True, text=True, timeout=DEADLINE_S)  # fmt: skip
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.splitlines()[-1].startswith("slurmhealth: error: ")
+    assert "Traceback" not in bad.stderr
+
+
 def test_the_gpu_library_stays_open_across_config_reloads_and_reopens_on_a_change(
     tmp_path: Path,
 ) -> None:

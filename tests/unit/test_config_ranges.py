@@ -47,7 +47,6 @@ def load(tmp_path: Path, text: str, **env: str) -> Config:
         ("[kernel_log]\nbudget_s = 4\n[gpu]\nsnapshot_timeout_s = 4", "gpu.snapshot_timeout_s"),
         ("[slurm]\ncommand_timeout_s = 0", "slurm.command_timeout_s"),
         ("[slurm]\ncommand_timeout_s = 8", "slurm.command_timeout_s"),
-        ("[evidence]\nbudget_s = 30", "evidence.budget_s"),  # the epilog wrapper: 20 s
         ("[evidence]\nsource_max_bytes = 0", "evidence.source_max_bytes"),
         ("[baseline]\nwarn_pct = 30\nfail_pct = 20", "baseline.warn_pct"),
         ("[baseline]\nprolog_bench_timeout_s = 10", "baseline.prolog_bench_timeout_s"),
@@ -115,8 +114,12 @@ def test_hook_steps_must_fit_the_wrapper_timeout_from_the_environment(tmp_path: 
         load(tmp_path, "", SLURMHEALTH_PROLOG_TIMEOUT="4")  # the default 3 s snapshot
     assert err.value.source == "environment SLURMHEALTH_PROLOG_TIMEOUT"
     assert "gpu.snapshot_timeout_s 3 s + kernel_log.budget_s 1 s" in str(err.value)
-    with pytest.raises(ConfigError, match="epilog wrapper"):
-        load(tmp_path, "", SLURMHEALTH_EPILOG_TIMEOUT="12")
+    with pytest.raises(ConfigError, match="epilog wrapper") as err:
+        load(tmp_path, "", SLURMHEALTH_EPILOG_TIMEOUT="4")
+    assert "gpu.snapshot_timeout_s 3 s + kernel_log.budget_s 1 s must be shorter" in str(err.value)
+    # the sidecar's final flush and the evidence run detached: they need not fit the epilog
+    long = "[sidecar]\nstop_grace_s = 30\n[evidence]\nbudget_s = 60"
+    assert load(tmp_path, long, SLURMHEALTH_EPILOG_TIMEOUT="12")
     with pytest.raises(ConfigError, match="SLURMHEALTH_PROLOG_TIMEOUT"):
         load(tmp_path, "", SLURMHEALTH_PROLOG_TIMEOUT="soon")
     assert wrapper_timeout({"SLURMHEALTH_EPILOG_TIMEOUT": "1m"}, "epilog") == (

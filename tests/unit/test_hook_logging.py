@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth.cli import hooks
+from slurmhealth.hooks import entry as hooks
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_sidecar_lines_carry_a_utc_time_and_reach_syslog(
     stderr: io.StringIO, syslog: socket.socket, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
-    hooks._hook_logging("sidecar", node="n7")
+    hooks.hook_logging("sidecar", node="n7")
     logging.getLogger("slurmhealth.sidecar").warning("GPU 3 Xid 79")
     line = stderr.getvalue()
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ slurmhealth sidecar\[job=4242 "
@@ -65,7 +65,7 @@ def test_hook_lines_have_no_time_of_their_own_and_no_second_syslog(
 ) -> None:
     """The prolog's stderr goes through its wrapper, which stamps it and sends it to syslog."""
     monkeypatch.setenv("SLURM_JOB_ID", "17")
-    hooks._hook_logging("prolog", node="n1")
+    hooks.hook_logging("prolog", node="n1")
     logging.getLogger("slurmhealth.hooks").info("ok")
     assert stderr.getvalue() == "slurmhealth prolog[job=17 node=n1]: INFO: ok\n"
     syslog.settimeout(0.2)

@@ -44,6 +44,7 @@ PLAIN_OPEN_ALLOWED: dict[str, tuple[int, str]] = {
     "gpu/imex.py": (1, "/proc/PID/comm (the kernel's files)"),
     "agent/client.py": (3, "the hook's config (root's), root's log file, /proc/PID/cmdline"),
     "hooks/finish.py": (3, "root's log file; journal entries in the root-only (0700) run dir"),
+    "checks/packaged.py": (1, "the tables shipped in the package's own (root's) folder"),
     "gpu/sim_lifetime.py": (2, "the simulator's own reset/reboot record beside its kernel log"),
 }
 # where the files a job's user can touch are read: no builtin open() at all
