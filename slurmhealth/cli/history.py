@@ -69,7 +69,7 @@ def _check_job_owner(ctx: Ctx, rights: Rights, paths: list[str], job: str) -> No
         with Reader(path) as db:
             uid = uid if uid is not None else owner_uid(db, job)
             user = user or (job_row(db, job) or {}).get("user") or None
-    access.check_job(ctx.caller(), rights, job, uid, user, "history")
+    access.check_job(ctx.caller(), rights, job, *access.job_owner(uid, user), "history")
 
 
 @click.group(invoke_without_command=True)

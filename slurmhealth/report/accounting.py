@@ -19,9 +19,10 @@ from typing import Any
 
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
+from slurmhealth.model_records import Job
 from slurmhealth.report import admin_comment
 from slurmhealth.slurm import SlurmCli, SlurmError
-from slurmhealth.slurm.acct import AcctJob, NodeEvent
+from slurmhealth.slurm.acct import NodeEvent
 
 log = logging.getLogger("slurmhealth.report")
 DRAIN_SLACK_S = 300.0  # a drain this soon after the job's end is the epilog's, about the job
@@ -32,7 +33,7 @@ GpuStatsFn = Callable[[str, float, float], Mapping[str, Sequence[GpuStats]]]
 class AccountingRead:
     """What the accounting sources said about a job, and which of them failed (why)."""
 
-    job: AcctJob
+    job: Job
     summary: dict[str, Any] | None = None
     events: list[NodeEvent] = field(default_factory=list)
     gpus: Mapping[str, Sequence[GpuStats]] = field(default_factory=dict)
@@ -40,7 +41,7 @@ class AccountingRead:
     failed: dict[str, str] = field(default_factory=dict)  # source -> why
 
 
-def job_facts(acct: AcctJob) -> JobFacts:
+def job_facts(acct: Job) -> JobFacts:
     return JobFacts(
         job_id=acct.job_id,
         user=acct.user,

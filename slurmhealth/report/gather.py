@@ -215,12 +215,7 @@ def _check_access(job: JobFacts, owner: int | None, uid: int, rights: access.Rig
     """Refuse (exit 4) unless user ``uid`` may read the job owned by ``owner`` (a uid) or,
     when no uid is known, by ``job.user``; no owner known: root and admins only."""
     me = access.current_caller() if uid == os.getuid() else access.caller_for_uid(uid)
-    name = job.user or None
-    if name is None and owner is not None:
-        name = f"uid {owner}"
-        with contextlib.suppress(KeyError):
-            name = pwd.getpwuid(owner).pw_name
-    access.check_job(me, rights, job.job_id, owner, name)
+    access.check_job(me, rights, job.job_id, *access.job_owner(owner, job.user))
 
 
 def _known_incidents(cfg: Config, job_id: str, facts: Facts) -> tuple[tuple[str, Incident], ...]:
