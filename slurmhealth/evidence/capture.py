@@ -375,12 +375,10 @@ def _record(
     cfg: Config, job_id: str, node: str, path: str, entries: list[dict[str, Any]], end: float
 ) -> bool:
     """One ``evidence`` row per file, in one batch (spooled when the history is busy)."""
-    from slurmhealth.history import Batch, History, rows
+    from slurmhealth.history import History, records, rows
 
-    batch = Batch(
-        inserts=[
-            ("evidence", r) for r in rows.evidence_rows(time.time(), job_id, node, path, entries)
-        ]
+    batch = records.batch(
+        records.evidence(r) for r in rows.evidence_rows(time.time(), job_id, node, path, entries)
     )
     wait_ms = int(max(0.2, end - time.monotonic()) * 1000)
     with History.for_node(cfg, node, wait_ms) as h:

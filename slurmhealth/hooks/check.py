@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from slurmhealth.config import Config
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.history import Batch, History
+    from slurmhealth.history.records import Row
     from slurmhealth.hooks.budget import Budget
     from slurmhealth.kernel_log import ReadResult
     from slurmhealth.model_records import Job
@@ -288,14 +289,20 @@ def check_node(
 
 
 def check_batch(
-    cfg: Config, result: CheckResult, job_row: dict[str, Any] | None, state: dict[str, Any]
+    cfg: Config,
+    result: CheckResult,
+    job_row: dict[str, Any] | None,
+    state: dict[str, Any],
+    more: Sequence[Row] = (),
 ) -> Batch:
-    from slurmhealth.history import Batch, rows
+    """The run's ``check_runs`` and ``findings`` rows, then ``more`` (the hook's drain,
+    earlier killed runs), the job's row and the checks' state, in one transaction."""
+    from slurmhealth.history import records, rows
 
-    return Batch(
-        inserts=[("check_runs", rows.check_run_row(result, cfg.gpu.backend))]
-        + [("findings", rows.finding_row(result, f)) for f in result.findings],
-        upserts=[("jobs", job_row, "job_id")] if job_row else [],
+    return records.batch(
+        [records.check_run(rows.check_run_row(result, cfg.gpu.backend))]
+        + [records.finding(rows.finding_row(result, f)) for f in result.findings]
+        + [*more, *([records.job(job_row)] if job_row else [])],
         kv=state,
     )
 

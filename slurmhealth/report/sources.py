@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from slurmhealth.access import safe_read, trust
 from slurmhealth.config import Config
@@ -24,7 +24,16 @@ from slurmhealth.history import read
 from slurmhealth.report.collect import job_facts, node_facts
 
 MAX_INCIDENTS = 10
-Summaries = Mapping[str, tuple[str, dict[str, Any]]]  # node -> (summary.json path, data)
+
+
+class Summary(NamedTuple):
+    """One node's ``summary.json``: where it lies, and what it says."""
+
+    path: str
+    data: dict[str, Any]
+
+
+Summaries = Mapping[str, Summary]  # by node
 
 
 @dataclass(frozen=True)
@@ -107,7 +116,7 @@ def evidence_root(cfg: Config, node: str) -> str:
 
 def summaries(
     cfg: Config, job_id: str, tampered: dict[str, str] | None = None
-) -> dict[str, tuple[str, dict[str, Any]]]:
+) -> dict[str, Summary]:
     """Every node's ``summary.json`` of the job in the shared evidence dir, by node: only
     those their bundle's root-written manifest vouches for (:mod:`slurmhealth.access.trust`);
     the others go to ``tampered`` (path -> why) and are not used."""
@@ -118,7 +127,7 @@ def summaries(
         if why is not None and tampered is not None:
             tampered[path] = why
         if isinstance(data, dict) and data.get("node"):
-            out[str(data["node"])] = (path, data)
+            out[str(data["node"])] = Summary(path, data)
     return out
 
 

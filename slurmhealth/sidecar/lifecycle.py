@@ -95,14 +95,14 @@ def _until_recognisable(proc: subprocess.Popen[bytes], job_id: str) -> None:
 def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
     """A ``sidecar_died`` event: its pid file is there, its process is not (SIGKILL, OOM
     killer, a crash). Writing it also ingests what the dead sidecar had buffered."""
-    from slurmhealth.history import Batch, History
+    from slurmhealth.history import History, records
 
     message = f"sidecar {pid} died while the job ran (killed or crashed)"
     log.warning("job %s node %s: %s", job_id, node, message)
     row = {"ts": time.time(), "node": node, "job_id": job_id, "kind": "sidecar_died",
            "severity": "warn", "message": message}  # fmt: skip
     with History.for_node(cfg, node, busy_timeout_ms=1000) as history:
-        history.write(Batch(inserts=[("events", row)]))
+        history.write(records.batch([records.event(row)]))
 
 
 def job_sidecars(job_id: str, run_dir: str, proc: str = "/proc") -> list[int]:

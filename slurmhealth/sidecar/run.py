@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from slurmhealth.checks.mig import only_instances
 from slurmhealth.config import Config
 from slurmhealth.errors import StoreError
-from slurmhealth.history import Batch, History, rows
+from slurmhealth.history import History, records, rows
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
@@ -150,9 +150,9 @@ class Sidecar:
         history = self._history
         history.busy_timeout_ms = busy_timeout_ms
         if self._pending_samples or self._pending_events:
-            batch = Batch(
-                inserts=[("samples", r) for r in self._pending_samples]
-                + [("events", r) for r in self._pending_events]
+            batch = records.batch(
+                [records.sample(r) for r in self._pending_samples]
+                + [records.event(r) for r in self._pending_events]
             )
             self._pending_samples, self._pending_events = [], []
             if not history.buffer(batch):  # no room for the buffer: straight to the db

@@ -339,3 +339,55 @@ def test_an_upward_import_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     table = {"slurmhealth.cli": "entry", "slurmhealth.model": "model"}
     assert any("imports upwards" in v for v in violations(table))
     assert cycles() == [["slurmhealth.cli", "slurmhealth.model", "slurmhealth.cli"]]
+
+
+def row_tuples_outside_history() -> list[str]:
+    """Places outside ``slurmhealth/history/`` that build the history's batches themselves
+    (``Batch(...)``, ``.inserts``/``.upserts``) or write a ``(table, dict)`` tuple with a
+    table's name: callers hand over ``history.records`` rows, the history makes the rest."""
+    from slurmhealth.history.schema import COLUMNS
+
+    found = []
+    for name, path in sorted(modules().items()):
+        if name == "slurmhealth.history" or name.startswith("slurmhealth.history."):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name | ast.Attribute):
+                called = node.func.id if isinstance(node.func, ast.Name) else node.func.attr
+                if called == "Batch":
+                    found.append(f"{where}: builds a Batch")
+            elif isinstance(node, ast.Attribute) and node.attr in ("inserts", "upserts"):
+                found.append(f"{where}: touches a batch's {node.attr}")
+            elif (isinstance(node, ast.Tuple) and len(node.elts) >= 2
+                  and isinstance(node.elts[0], ast.Constant) and node.elts[0].value in COLUMNS
+                  and isinstance(node.elts[1], ast.Dict | ast.Name | ast.Call)):  # fmt: skip
+                found.append(f"{where}: a ({node.elts[0].value!r}, row) tuple")
+    return sorted(found)
+
+
+def test_the_history_owns_its_rows() -> None:
+    assert row_tuples_outside_history() == []
+
+
+def test_a_table_row_tuple_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check itself: a hook that writes ``("drains", row)`` or builds a Batch is named."""
+    fake = tmp_path / "slurmhealth"
+    (fake / "hooks").mkdir(parents=True)
+    (fake / "history").mkdir()
+    for init in (fake / "__init__.py", fake / "hooks" / "__init__.py"):
+        init.write_text("")
+    (fake / "history" / "__init__.py").write_text("class Batch: ...\nBatch(inserts=[])\n")
+    (fake / "hooks" / "a.py").write_text(
+        "from slurmhealth.history import Batch\n"
+        "def f(h, row):\n    h.write(Batch(inserts=[('drains', row)]))\n"
+        "def g(b, row):\n    b.upserts.append(('jobs', {'job_id': '1'}, 'job_id'))\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    monkeypatch.setitem(globals(), "PACKAGE", fake)
+    assert row_tuples_outside_history() == [
+        "slurmhealth/hooks/a.py:3: a ('drains', row) tuple",
+        "slurmhealth/hooks/a.py:3: builds a Batch",
+        "slurmhealth/hooks/a.py:5: a ('jobs', row) tuple",
+        "slurmhealth/hooks/a.py:5: touches a batch's upserts",
+    ]
