@@ -96,7 +96,7 @@ def _published(job: str, nodes: int, gpus: int, samples: int, step: float, start
     from slurmhealth.history.read import Reader
     from slurmhealth.history.rows import sample_rows
     from slurmhealth.metrics.final_series import families
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.summary.collect import node_facts
     from tests.support.prom_backfill import scrape_families, stamped
 
     v = _series_values(samples)

@@ -1,6 +1,6 @@
 """What is known about one job, per node: plain data for diagnosis and the report.
 
-Built from a node's history (``slurmhealth.report.collect``), written by the epilog as the
+Built from a node's history (``slurmhealth.summary.collect``), written by the epilog as the
 node's ``summary.json`` in the shared evidence dir, and read back by ``slurmhealth report``
 on any node. Times are UTC seconds; rows keep the history's column names.
 """

@@ -84,7 +84,7 @@ def node_summary(
     job's uid from the history's ``jobs`` row."""
     from slurmhealth.diagnose.facts import NodeFacts
     from slurmhealth.history.read import Reader, StoreError, owner_uid
-    from slurmhealth.report import collect
+    from slurmhealth.summary import collect
 
     path = cfg.db_path(node)
     if not os.path.exists(path):

@@ -20,9 +20,9 @@ from typing import Any
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
 from slurmhealth.model_records import Job
-from slurmhealth.report import admin_comment
 from slurmhealth.slurm import SlurmCli, SlurmError
 from slurmhealth.slurm.acct import NodeEvent
+from slurmhealth.summary import admin_comment
 
 log = logging.getLogger("slurmhealth.report")
 DRAIN_SLACK_S = 300.0  # a drain this soon after the job's end is the epilog's, about the job

@@ -179,7 +179,7 @@ def gpu_stats_of(
         return None if x is None else round(x)
 
     util_min, util_max = pct(v["util_min"]), pct(v["util_max"])
-    if p5 is not None:  # as report.collect: the bin's edge, within the samples' range
+    if p5 is not None:  # as summary.collect: the bin's edge, within the samples' range
         p5 = bin_floor(p5 * 100.0)
         p5 = max(p5, util_min) if util_min is not None else p5
         p5 = min(p5, util_max) if util_max is not None else p5

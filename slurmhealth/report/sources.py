@@ -21,7 +21,7 @@ from slurmhealth.access import safe_read, trust
 from slurmhealth.config import Config
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
 from slurmhealth.history import read
-from slurmhealth.report.collect import job_facts, node_facts
+from slurmhealth.summary.collect import job_facts, node_facts
 
 MAX_INCIDENTS = 10
 

@@ -238,7 +238,7 @@ def test_slurm_24_11_stores_a_failed_jobs_summary_in_sacct_after_it_completed(
 ) -> None:
     """No EpilogSlurmctld: the job's first node writes its summary through slurmdbd
     (``sacctmgr modify job``) after the job has completed, and 24.11's sacct shows it."""
-    from slurmhealth.report.admin_comment import decode
+    from slurmhealth.summary.admin_comment import decode
 
     conf = node.run("scontrol show config").stdout
     # 22.05 prints "EpilogSlurmctld = (null)", 24.11 no line at all ("EpilogSlurmctld[0]" if set)

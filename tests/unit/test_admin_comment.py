@@ -11,9 +11,9 @@ from typing import Any
 
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
-from slurmhealth.report import admin_comment as ac
 from slurmhealth.report.answer import answer
 from slurmhealth.report.efficiency import efficiency
+from slurmhealth.summary import admin_comment as ac
 
 T0 = 1_800_000_000.0
 

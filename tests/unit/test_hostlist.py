@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
-from slurmhealth.report.collect import job_facts
 from slurmhealth.slurm import MAX_HOSTS, HostlistError, expand_hostlist
+from slurmhealth.summary.collect import job_facts
 
 
 @pytest.mark.parametrize(

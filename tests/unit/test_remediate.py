@@ -270,7 +270,7 @@ def test_the_report_of_the_job_that_met_the_fault_names_the_repair(tmp_path: Pat
     from slurmhealth.history import Batch, rows
     from slurmhealth.history.read import Reader
     from slurmhealth.report.answer import admin_done
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.summary.collect import node_facts
 
     cfg = _config(tmp_path, "reset")
     finding = {"check": "row_remap", "gpu": 4, "action": "reset", "message": "remap pending"}

@@ -533,7 +533,7 @@ def test_cli_errors(cluster: Path) -> None:
 
 def test_current_summary_stands_in_for_history_stale_one_does_not(cluster: Path) -> None:
     from slurmhealth.history.read import Reader
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.summary.collect import node_facts
 
     with Reader(cluster / "db" / "n1.db") as db:
         facts = node_facts(db, "42", "n1")

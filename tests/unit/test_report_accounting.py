@@ -16,11 +16,11 @@ from slurmhealth.access import AccessDenied
 from slurmhealth.config import Config, load_config
 from slurmhealth.diagnose.engine import diagnose, verdict
 from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
-from slurmhealth.report import admin_comment
 from slurmhealth.report.answer import answer
 from slurmhealth.report.efficiency import efficiency
 from slurmhealth.report.gather import build_report
 from slurmhealth.slurm import SlurmCli
+from slurmhealth.summary import admin_comment
 
 T0 = 1_796_156_844
 REASON = "slurmhealth: gpu_lost gpu5 GPU is lost (fallen off the bus) [Xid 79]"
