@@ -234,14 +234,14 @@ def report_json(url: str, job: str, start: float, end: float) -> str:
 
     from slurmhealth.config import load_config
     from slurmhealth.diagnose.engine import diagnose
-    from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+    from slurmhealth.diagnose.facts import Facts, NodeFacts
     from slurmhealth.report import build
     from slurmhealth.report.prometheus import PromSource
     from slurmhealth.report.render import to_json
 
     stats = PromSource(url, 60.0).gpu_stats(job, start, end)
     facts = Facts(
-        JobFacts(job_id=job, nodes=tuple(stats), start_ts=start, end_ts=end, state="completed"),
+        Job(job_id=job, node_names=tuple(stats), start_ts=start, end_ts=end, state="completed"),
         tuple(NodeFacts(node=node, gpus=gpus) for node, gpus in stats.items()),
     )
     cfg = load_config(os.devnull, env={})

@@ -42,8 +42,9 @@ class Job:
     (Slurm's environment, completed by one ``squeue`` call where it lacks fields; ``node``
     is the node the hook runs on), ``squeue`` (``slurm.SlurmCli.job``, no ``node``) or
     slurmdbd (``sacct``: ``slurm.acct.parse_sacct``, with ``node_names``, the times,
-    ``gpu_count`` and ``admin_comment``). Times are UTC seconds; a field nobody filled in
-    is empty or None."""
+    ``gpu_count`` and ``admin_comment``), and the facts diagnosis and the report judge
+    (``diagnose.facts.Facts.job``: from a history's ``jobs`` row, the nodes' summaries or
+    accounting). Times are UTC seconds; a field nobody filled in is empty or None."""
 
     job_id: str
     node: str = ""

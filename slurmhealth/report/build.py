@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, stragglers
 from slurmhealth.diagnose.engine import verdict
-from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
+from slurmhealth.diagnose.facts import Diagnosis, Facts, NodeFacts
+from slurmhealth.model_records import Job
 from slurmhealth.report.answer import Answer, DiagnosisGroup, answer, group_diagnoses
 from slurmhealth.report.efficiency import Efficiency, TimelineEntry, collapse, efficiency
 
@@ -36,7 +37,7 @@ class Straggler:
 
 @dataclass(frozen=True)
 class Report:
-    job: JobFacts
+    job: Job
     verdict: str
     failure_ts: float | None
     window_s: float | None
@@ -161,7 +162,7 @@ def _timeline(facts: Facts) -> list[TimelineEntry]:
     return sorted(out, key=lambda e: (e.ts, e.node or "", -1 if e.gpu is None else e.gpu))
 
 
-def _failure_ts(timeline: list[TimelineEntry], job: JobFacts) -> float | None:
+def _failure_ts(timeline: list[TimelineEntry], job: Job) -> float | None:
     bad = [e.ts for e in timeline if e.severity in BAD and e.kind != "job"]
     if bad:
         return min(bad)

@@ -28,9 +28,10 @@ from slurmhealth import access
 from slurmhealth.access import trust
 from slurmhealth.config import Config
 from slurmhealth.diagnose.engine import diagnose
-from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts
+from slurmhealth.diagnose.facts import Diagnosis, Facts
 from slurmhealth.errors import StoreError, UsageError
 from slurmhealth.history import read
+from slurmhealth.model_records import Job
 from slurmhealth.report import accounting
 from slurmhealth.report import sources as src
 from slurmhealth.report.build import Read, Report, assemble, with_stored_verdict
@@ -81,13 +82,13 @@ def build_report(
         for path, why in unreadable.items():
             log.warning("history %s cannot be read (%s): the report may miss part of job %s",
                         path, why, job_id)  # fmt: skip
-        job = job or JobFacts(job_id=job_id)
+        job = job or Job(job_id=job_id)
         if requester_uid is not None:
             owner = owner if owner is not None else _summary_owner(summaries)
             _check_access(job, owner, requester_uid, rights or access.Rights())
         nodes, sources, evidence = src.read_nodes(cfg, job, dbs, summaries)
-        if not job.nodes:
-            job = replace(job, nodes=tuple(n.node for n in nodes))
+        if not job.node_names:
+            job = replace(job, node_names=tuple(n.node for n in nodes))
         facts = Facts(job=job, nodes=tuple(nodes))
         diagnoses = diagnose(facts)
         incidents = src.past_incidents(dbs, job_id, facts)
@@ -129,7 +130,9 @@ def _accounting_report(
     facts = accounting.facts_from_accounting(acct)
     for source, why in acct.failed.items():
         log.info("job %s: %s not used: %s", job.job_id, source, why)
-    sources = tuple((n, source, path) for n in (job.nodes or ("*",)) for source, path in acct.used)
+    sources = tuple(
+        (n, source, path) for n in (job.node_names or ("*",)) for source, path in acct.used
+    )
     read_from = Read(sources, (), (), (*where, *(p for _s, p in acct.used)))
     read_from = read_from._replace(known_incidents=_known_incidents(cfg, job.job_id, facts))
     report = _assemble(cfg, facts, diagnose(facts), read_from, ask.window_s, ask.now)
@@ -174,7 +177,7 @@ def _not_found(
     rights = rights or access.Rights()
     folder_owner = _folder_owner(cfg, job_id)
     if requester_uid is not None and folder_owner is not None:
-        _check_access(JobFacts(job_id=job_id), folder_owner, requester_uid, rights)
+        _check_access(Job(job_id=job_id), folder_owner, requester_uid, rights)
     if private:  # a user's view: the history is root:admin, the summaries theirs
         return access.AccessDenied(
             f"no summary of job {job_id} you may read in {where[-1]}, and history "
@@ -211,7 +214,7 @@ def _folder_owner(cfg: Config, job_id: str) -> int | None:
     return None
 
 
-def _check_access(job: JobFacts, owner: int | None, uid: int, rights: access.Rights) -> None:
+def _check_access(job: Job, owner: int | None, uid: int, rights: access.Rights) -> None:
     """Refuse (exit 4) unless user ``uid`` may read the job owned by ``owner`` (a uid) or,
     when no uid is known, by ``job.user``; no owner known: root and admins only."""
     me = access.current_caller() if uid == os.getuid() else access.caller_for_uid(uid)

@@ -120,7 +120,7 @@ def header(report: Report) -> list[tuple[str, str]]:
         ("partition", shown(j.partition)),
         ("QOS", shown(j.qos)),
         ("priority", shown(j.priority)),
-        ("nodes", ",".join(j.nodes) or "-"),
+        ("nodes", ",".join(j.node_names) or "-"),
         ("GPUs", ",".join(map(str, j.gpus)) or "-"),
         ("start", utc(j.start_ts)),
         ("end", utc(j.end_ts)),

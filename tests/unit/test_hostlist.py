@@ -137,4 +137,4 @@ def test_report_job_facts_survive_a_stored_node_list_no_one_can_expand(tmp_path:
     finally:
         reader.close()
     assert facts is not None
-    assert (facts.account, facts.qos, facts.partition, facts.nodes) == ("", "", "gpu", ("n1",))
+    assert (facts.account, facts.qos, facts.partition, facts.node_names) == ("", "", "gpu", ("n1",))

@@ -334,7 +334,7 @@ def test_merges_three_nodes_history_preferred(cluster: Path) -> None:
         "normal",
         4242,
     )
-    assert j.nodes == ("n1", "n2", "n3") and j.gpus == tuple(range(8))
+    assert j.node_names == ("n1", "n2", "n3") and j.gpus == tuple(range(8))
     assert (j.start_ts, j.end_ts, j.state, j.exit_code) == (T0, END, "failed", "0:9")
     n2 = {g.gpu: g for g in r.nodes[1].gpus}
     assert n2[5].util_min == 0.0 and n2[4].util_min == 91.0
