@@ -391,3 +391,18 @@ def test_a_table_row_tuple_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyP
         "slurmhealth/hooks/a.py:5: a ('jobs', row) tuple",
         "slurmhealth/hooks/a.py:5: touches a batch's upserts",
     ]
+
+
+def test_the_epilogs_summary_does_not_need_the_report() -> None:
+    """The epilog writes a node's summary from ``slurmhealth.summary``, which sits below the
+    report as well: nothing of the evidence package or the summary package imports the
+    report (the report reads the summaries back; never the other way round)."""
+    below = ("slurmhealth.evidence", "slurmhealth.summary")
+    found = []
+    for name, path in sorted(modules().items()):
+        if unit_of(name) not in below:
+            continue
+        for imported, line in imports_of(name, path):
+            if unit_of(imported) == "slurmhealth.report":
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {imported}")
+    assert found == []
