@@ -68,14 +68,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.metrics_scale import RdmaTree, h100_snapshot, no_rdma  # noqa: E402
-from slurmhealth import final_series  # noqa: E402
-from slurmhealth.export_state import encode, merged  # noqa: E402
-from slurmhealth.exposition import render  # noqa: E402
 from slurmhealth.history.node_queries import LastCheck  # noqa: E402
-from slurmhealth.metrics import SidecarCollector  # noqa: E402
+from slurmhealth.metrics import final_series  # noqa: E402
+from slurmhealth.metrics.export_state import encode, merged  # noqa: E402
+from slurmhealth.metrics.exposition import render  # noqa: E402
+from slurmhealth.metrics.job_series import SidecarCollector  # noqa: E402
+from slurmhealth.metrics.node import NodeFacts, node_families  # noqa: E402
 from slurmhealth.model import NodeSnapshot  # noqa: E402
 from slurmhealth.model_records import ExportState, Job  # noqa: E402
-from slurmhealth.node_metrics import NodeFacts, node_families  # noqa: E402
 
 REAL_SCRAPE_S, REAL_BLOCK_S, LINGER_S = 60.0, 7200.0, 300.0
 JOB_S = {"short": 60.0, "long": 86400.0}

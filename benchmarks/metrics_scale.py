@@ -39,13 +39,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from slurmhealth.config import load_config  # noqa: E402
-from slurmhealth.exposition import render, serve  # noqa: E402
 from slurmhealth.gpu import open_backend  # noqa: E402
 from slurmhealth.history.node_queries import LastCheck  # noqa: E402
-from slurmhealth.metrics import SidecarCollector  # noqa: E402
+from slurmhealth.metrics.exposition import render, serve  # noqa: E402
+from slurmhealth.metrics.job_series import SidecarCollector  # noqa: E402
+from slurmhealth.metrics.node import NodeFacts, node_families  # noqa: E402
 from slurmhealth.model import NodeSnapshot  # noqa: E402
 from slurmhealth.model_records import ExportState, Job, TaskStats  # noqa: E402
-from slurmhealth.node_metrics import NodeFacts, node_families  # noqa: E402
 from slurmhealth.rdma import simtree  # noqa: E402
 from slurmhealth.rdma.model import RdmaSnapshot  # noqa: E402
 from slurmhealth.sidecar.rdma import exports_rdma  # noqa: E402

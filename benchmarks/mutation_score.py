@@ -44,7 +44,7 @@ ALSO_COPY = ["scenarios", "scripts", "deploy", "docs", "prolog", "epilog", "heal
 CHECK_MODULES = ("gpu", "memory", "nvlink", "pcie", "thermal", "counters", "fabric")
 # group -> (files to mutate, tests that judge them)
 GROUPS: dict[str, tuple[list[str], list[str]]] = {
-    "access": (["slurmhealth/access.py"], ["tests/unit/test_access.py"]),
+    "access": (["slurmhealth/access/__init__.py"], ["tests/unit/test_access.py"]),
     "xid": (
         ["slurmhealth/checks/xid.py", "slurmhealth/checks/xid_table.py"],
         [
@@ -77,7 +77,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             for t in ("diagnose", "diagnose_kernel", "diagnose_texts", "diagnose_verdicts")
         ],
     ),
-    "exposition": (["slurmhealth/exposition.py"], ["tests/unit/test_metrics.py"]),
+    "exposition": (["slurmhealth/metrics/exposition.py"], ["tests/unit/test_metrics.py"]),
     "retention": (["slurmhealth/history/retention.py"], ["tests/unit/history"]),
     "baseline-units": (
         ["slurmhealth/baseline/compare.py", "slurmhealth/baseline/parse_nccl.py"],

@@ -92,11 +92,11 @@ def _published(job: str, nodes: int, gpus: int, samples: int, step: float, start
     history's per-GPU stats (``summary.json``), from the same samples as the series."""
     from dataclasses import asdict
 
-    from slurmhealth.final_series import families
     from slurmhealth.history import Batch, History
     from slurmhealth.history.read import Reader
     from slurmhealth.history.rows import sample_rows
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.metrics.final_series import families
+    from slurmhealth.summary.collect import node_facts
     from tests.support.prom_backfill import scrape_families, stamped
 
     v = _series_values(samples)
@@ -234,19 +234,20 @@ def report_json(url: str, job: str, start: float, end: float) -> str:
 
     from slurmhealth.config import load_config
     from slurmhealth.diagnose.engine import diagnose
-    from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+    from slurmhealth.diagnose.facts import Facts, NodeFacts
     from slurmhealth.report import build
     from slurmhealth.report.prometheus import PromSource
     from slurmhealth.report.render import to_json
 
     stats = PromSource(url, 60.0).gpu_stats(job, start, end)
     facts = Facts(
-        JobFacts(job_id=job, nodes=tuple(stats), start_ts=start, end_ts=end, state="completed"),
+        Job(job_id=job, node_names=tuple(stats), start_ts=start, end_ts=end, state="completed"),
         tuple(NodeFacts(node=node, gpus=gpus) for node, gpus in stats.items()),
     )
-    read_from = build._Read((), (), (), ())
-    report = build._assemble(load_config(os.devnull, env={}), job, facts, diagnose(facts),
-                             read_from, None, None)  # fmt: skip
+    cfg = load_config(os.devnull, env={})
+    report = build.assemble(facts, diagnose(facts), build.Read((), (), (), ()),
+                            straggler_ratio=cfg.sidecar.straggler_ratio, window_s=None,
+                            now=time.time())  # fmt: skip
     return json.dumps(to_json(report))
 
 

@@ -226,7 +226,7 @@ def build_history(tmp: Path, hours: float) -> Path:
 def write_summaries(tmp: Path) -> None:
     """Each node's summary.json as the epilog leaves it (NodeFacts of its history)."""
     from slurmhealth.history.read import Reader
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.summary.collect import node_facts
 
     for node in NODES:
         with Reader(tmp / "db" / f"{node}.db") as db:
@@ -254,7 +254,7 @@ def _profile(cfg: Path, n: int = 15) -> str:
     import pstats
 
     from slurmhealth.config import load_config
-    from slurmhealth.report.build import build_report
+    from slurmhealth.report.gather import build_report
     from slurmhealth.report.render import to_json
 
     conf = load_config(str(cfg), env={})

@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from slurmhealth.agent.exporter import ConfigWatch, registry_for
 from slurmhealth.config import load_config
-from slurmhealth.exporter import ConfigWatch, registry_for
-from slurmhealth.exposition import render
+from slurmhealth.metrics.exposition import render
 
 REPO = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -1,8 +1,8 @@
 """Records the prolog's check never builds, kept out of :mod:`slurmhealth.model` so that a
 check run does not pay for creating their classes (a frozen dataclass costs six generated
-methods, each source text parsed and compiled at import): the job a hook or sidecar runs
-for, what a training loop reported, what the exporter shows of a job, and kernel-log
-faults other than Xid lines."""
+methods, each source text parsed and compiled at import): a job (as the hooks, the sidecar
+and the Slurm adapters know it), what a training loop reported, what the exporter shows of
+a job, and kernel-log faults other than Xid lines."""
 
 from __future__ import annotations
 
@@ -38,23 +38,35 @@ class KernelEvent:
 
 @dataclass(frozen=True)
 class Job:
-    """The job a prolog, epilog or sidecar runs for (Slurm's environment, completed by
-    one ``squeue`` call where the environment lacks fields)."""
+    """What the project knows of one job, whoever asked: a prolog, epilog or sidecar
+    (Slurm's environment, completed by one ``squeue`` call where it lacks fields; ``node``
+    is the node the hook runs on), ``squeue`` (``slurm.SlurmCli.job``, no ``node``) or
+    slurmdbd (``sacct``: ``slurm.acct.parse_sacct``, with ``node_names``, the times,
+    ``gpu_count`` and ``admin_comment``), and the facts diagnosis and the report judge
+    (``diagnose.facts.Facts.job``: from a history's ``jobs`` row, the nodes' summaries or
+    accounting). Times are UTC seconds; a field nobody filled in is empty or None."""
 
     job_id: str
-    node: str
+    node: str = ""
     user: str = ""
     uid: int | None = None
     account: str = ""
     partition: str = ""
     qos: str = ""
     priority: int | None = None
-    nodes: str = ""
-    gpus: tuple[int, ...] = ()
+    nodes: str = ""  # the job's hostlist as Slurm prints it
+    gpus: tuple[int, ...] = ()  # the GPUs this node gave the job (indices)
     comment: str = ""
     extra: str = ""
-    exit_code: str | None = None  # epilog: SLURM_JOB_EXIT_CODE2, e.g. "3:0" (exit:signal)
+    exit_code: str | None = None  # "exit:signal", e.g. "3:0" (epilog: SLURM_JOB_EXIT_CODE2)
     mig: tuple[str, ...] = ()  # the job's MIG device UUIDs (MIG-...), where known
+    state: str = ""  # lower case: running, pending, completed, failed, cancelled, ...
+    node_names: tuple[str, ...] = ()  # ``nodes`` expanded (sacct)
+    start_ts: float | None = None
+    end_ts: float | None = None
+    time_limit_s: float | None = None
+    gpu_count: int | None = None  # GPUs allocated over the job (sacct's AllocTRES gres/gpu)
+    admin_comment: str = ""
 
     def opted_out(self, token: str) -> bool:
         """``token`` stands as a whole word of the comment or extra (words split at blanks,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from slurmhealth.config import Config
 from slurmhealth.model import NodeSnapshot
 from slurmhealth.slurm import SlurmError
-from slurmhealth.slurm_base import JobInfo, NodeInfo
+from slurmhealth.slurm.base import Job, NodeInfo
 
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
@@ -154,12 +154,12 @@ class NodeJobs:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._listing: dict[str, JobInfo] = {}
+        self._listing: dict[str, Job] = {}
         self._began = -1e18  # when the current listing's call began (monotonic)
         self._busy = False
         self.calls = 0
 
-    def lookup(self, slurm: SlurmBackend, node: str, job_id: str, arrived: float) -> JobInfo | None:
+    def lookup(self, slurm: SlurmBackend, node: str, job_id: str, arrived: float) -> Job | None:
         with self._cond:
             while self._busy:
                 self._cond.wait(30.0)
@@ -167,7 +167,7 @@ class NodeJobs:
                 return self._listing.get(job_id)
             self._busy = True
             began = time.monotonic()
-        listing: dict[str, JobInfo] = {}
+        listing: dict[str, Job] = {}
         try:
             self.calls += 1
             listing = slurm.jobs_on_node(node)  # type: ignore[attr-defined]
@@ -189,7 +189,7 @@ class _JobsView:
     def __init__(self, jobs: NodeJobs, inner: SlurmBackend, node: str, arrived: float) -> None:
         self._jobs, self._inner, self._node, self._arrived = jobs, inner, node, arrived
 
-    def job(self, job_id: str) -> JobInfo | None:
+    def job(self, job_id: str) -> Job | None:
         info = self._jobs.lookup(self._inner, self._node, job_id, self._arrived)
         return info if info is not None else self._inner.job(job_id)
 

@@ -19,7 +19,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from slurmhealth.checks import CheckContext, finding, readable
+from slurmhealth.checks.counter_reads import counters_of as counters_of
+from slurmhealth.checks.engine import CheckContext, finding, readable
 from slurmhealth.model import Finding, NodeSnapshot, Severity
 
 VERSION = 2
@@ -27,43 +28,6 @@ FORGET_S = 30 * 86400.0  # a GPU not read this long (replaced, moved) is forgott
 
 History = dict[str, Any]
 Ring = list[list[float]]
-
-
-def counters_of(snapshot: NodeSnapshot) -> dict[str, dict[str, int]]:
-    """Every cumulative error counter per GPU UUID: ``nvlink.<link>.replay``, ``.recovery``
-    and ``.crc`` (flit + data CRC errors), ``pcie_replay`` and ``ecc_correctable``
-    (volatile correctable ECC errors)."""
-    out: dict[str, dict[str, int]] = {}
-    for g in snapshot.gpus:
-        if not g.uuid or not g.readable:
-            continue
-        values: dict[str, int] = {}
-        for link in g.nvlinks or ():
-            crc = [v for v in (link.crc_flit_errors, link.crc_data_errors) if v is not None]
-            for name, value in (
-                ("replay", link.replay_errors),
-                ("recovery", link.recovery_errors),
-                ("crc", sum(crc) if crc else None),
-            ):
-                if value is not None:
-                    values[f"nvlink.{link.link}.{name}"] = value
-        if g.pcie_replay_errors is not None:
-            values["pcie_replay"] = g.pcie_replay_errors
-        if g.ecc_volatile_correctable is not None:
-            values["ecc_correctable"] = g.ecc_volatile_correctable
-        if values:
-            out[g.uuid] = values
-    return out
-
-
-def window_of(settings: Mapping[str, Mapping[str, Any]] | None = None) -> float:
-    """The longest ``min_window_s`` of the rate checks: how far back the history must reach."""
-    from slurmhealth.checks import catalog, resolved_thresholds  # the catalog imports us
-
-    windows = [
-        resolved_thresholds(spec, settings).get("min_window_s", 0.0) for spec in catalog().values()
-    ]
-    return float(max(windows, default=0.0))
 
 
 def pack(history: History) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks.engine import CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, GpuState, Severity, fabric_health
 
 # health-mask fields whose value means the GPU is not ready (FAIL) or is recovering (WARN)

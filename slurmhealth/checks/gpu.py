@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import EVERYWHERE, PRE_JOB, CheckContext, check, finding, readable
+from slurmhealth.checks.engine import EVERYWHERE, PRE_JOB, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, GpuStatus, Severity
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.checks.counters import RATE_THRESHOLDS, rate_warnings
+from slurmhealth.checks.engine import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, Severity
 
 

@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from slurmhealth.checks import PRE_JOB, CheckContext, check, finding, readable
+from slurmhealth.checks.engine import PRE_JOB, CheckContext, check, finding, readable
 from slurmhealth.model import (
     Action,
     Finding,

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding
 from slurmhealth.checks.counters import RATE_THRESHOLDS as RATE
 from slurmhealth.checks.counters import Growth, growth, rings_of
+from slurmhealth.checks.engine import EVERYWHERE, CheckContext, check, finding
 from slurmhealth.model import Action, Finding, Severity, normalize_pci_bus_id
 
 if TYPE_CHECKING:  # loaded only on a node whose RDMA devices were read

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
-from slurmhealth.checks import CheckContext, check, finding
+from slurmhealth.checks.engine import CheckContext, check, finding
 from slurmhealth.checks.network import near_gpus
 from slurmhealth.model import Action, Finding, Severity
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.checks.counters import RATE_THRESHOLDS as RATE
 from slurmhealth.checks.counters import Growth, growth, rings_of
+from slurmhealth.checks.engine import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, GpuState, Severity
 
 

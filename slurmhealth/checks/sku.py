@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from slurmhealth.checks import CheckContext, check, finding, readable
+from slurmhealth.checks.engine import CheckContext, check, finding, readable
 from slurmhealth.errors import ConfigError, UsageError
 from slurmhealth.model import Action, Finding, Severity
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from slurmhealth.checks import EVERYWHERE, CheckContext, check, finding, readable
+from slurmhealth.checks.engine import EVERYWHERE, CheckContext, check, finding, readable
 from slurmhealth.model import Action, Finding, Severity, clock_event_names
 
 # the clock-event reasons that are faults (bits: slurmhealth.model.CLOCK_EVENT_REASONS);

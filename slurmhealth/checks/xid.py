@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from slurmhealth.checks import CheckContext, check, finding
+from slurmhealth.checks.engine import CheckContext, check, finding
 from slurmhealth.model import (
     KERNEL_EVENT_KINDS,
     Action,

@@ -14,7 +14,7 @@ from slurmhealth.cli.options import Ctx, gpus_option, json_option, pass_ctx
 from slurmhealth.errors import UsageError
 
 if TYPE_CHECKING:
-    from slurmhealth.access import Rights
+    from slurmhealth.access import Owner, Rights
     from slurmhealth.config import Config
 
 
@@ -35,19 +35,19 @@ def _job_row(cfg: Config, job_id: str, node: str) -> dict[str, Any]:
     return out
 
 
-def _bundle_owner(path: str, manifest: Mapping[str, Any] | None) -> tuple[int | None, str | None]:
+def _bundle_owner(path: str, manifest: Mapping[str, Any] | None) -> Owner:
     """A bundle's owner: the job's uid its folder's ACL lets read it (an older bundle's
     folder belonged to it), else the user its root-written manifest names."""
+    from slurmhealth import access
     from slurmhealth.evidence import bundle
 
     name = (manifest or {}).get("user")
-    return bundle.reader_of(path), (str(name) if name else None)
+    return access.job_owner(bundle.reader_of(path), str(name) if name else None)
 
 
 def _job_nodes(cfg: Config, job_id: str, rights: Rights) -> list[str]:
     """The nodes with a bundle of the job (the evidence root itself may not be listable);
     a job folder the file modes keep the caller out of is a refusal (exit 4)."""
-    import pwd
 
     from slurmhealth import access
     from slurmhealth.evidence import bundle
@@ -57,10 +57,8 @@ def _job_nodes(cfg: Config, job_id: str, rights: Rights) -> list[str]:
         return sorted(e.name for e in os.scandir(folder) if e.is_dir(follow_symlinks=False))
     except PermissionError:
         owner: str | None = None
-        with contextlib.suppress(OSError, KeyError):
-            uid = bundle.reader_of(folder) or 0
-            owner = f"uid {uid}"
-            owner = pwd.getpwuid(uid).pw_name
+        with contextlib.suppress(OSError):
+            owner = access.job_owner(bundle.reader_of(folder) or 0).name
         raise access.job_denied(job_id, owner, rights, "evidence") from None
     except OSError:
         return []
@@ -218,7 +216,7 @@ def show_cmd(ctx: Ctx, job_id: str, node: str | None, as_json: bool) -> None:
         m = read_manifest(cfg, job_id, n)
         owner = _bundle_owner(path, m)
         if not access.may_read_job(caller, rights, *owner):
-            raise access.job_denied(job_id, owner[1], rights, "evidence")
+            raise access.job_denied(job_id, owner.name, rights, "evidence")
         manifests += [m] if m and bundle.captured(m) else []  # not a summary's alone
     if not manifests:
         where = f" on {node}" if node else ""

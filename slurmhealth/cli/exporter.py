@@ -1,4 +1,4 @@
-"""`slurmhealth exporter`: the node's one scrape target (logic in slurmhealth.exporter)."""
+"""`slurmhealth exporter`: the node's one scrape target (logic in slurmhealth.agent.exporter)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def exporter(ctx: Ctx, once: bool, port: int | None, textfile_dir: str | None, a
     import os
     import sys
 
+    from slurmhealth.agent.exporter import ConfigWatch, run
     from slurmhealth.config import load_config
-    from slurmhealth.exporter import ConfigWatch, run
 
     flags = {"paths.db": ctx.db, "metrics.port": port, "metrics.textfile_dir": textfile_dir}
     path = ctx.config_path

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 def parse_since(text: str | None, now: float) -> float | None:
     """``--since``: ``30m``, ``2h``, ``1d`` ago, or an ISO date/time in UTC."""
-    from slurmhealth.timeparse import since_ts
+    from slurmhealth.config.timeparse import since_ts
 
     if not text:
         return None
@@ -69,7 +69,7 @@ def _check_job_owner(ctx: Ctx, rights: Rights, paths: list[str], job: str) -> No
         with Reader(path) as db:
             uid = uid if uid is not None else owner_uid(db, job)
             user = user or (job_row(db, job) or {}).get("user") or None
-    access.check_job(ctx.caller(), rights, job, uid, user, "history")
+    access.check_job(ctx.caller(), rights, job, *access.job_owner(uid, user), "history")
 
 
 @click.group(invoke_without_command=True)

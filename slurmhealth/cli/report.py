@@ -16,7 +16,7 @@ from slurmhealth.errors import UsageError
 
 def parse_window(text: str | None) -> float | None:
     """``--window``: ``600``, ``90s``, ``10m``, ``2h``, ``1d`` -> seconds (more than 0)."""
-    from slurmhealth.timeparse import duration_s
+    from slurmhealth.config.timeparse import duration_s
 
     if text is None:
         return None
@@ -66,7 +66,7 @@ def report(
     Users may read their own jobs; root and the admin group of the root-owned system config
     any (else exit 4).
     """
-    from slurmhealth.report.build import build_report
+    from slurmhealth.report.gather import build_report
 
     if as_json + as_markdown + (html_file is not None) > 1:
         raise UsageError("choose one of --json, --markdown, --html")

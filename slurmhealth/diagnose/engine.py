@@ -14,13 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from slurmhealth.diagnose.facts import (
-    Citation,
-    Diagnosis,
-    Facts,
-    JobFacts,
-    NodeFacts,
-)
+from slurmhealth.diagnose.facts import Citation, Diagnosis, Facts, NodeFacts
 from slurmhealth.diagnose.loader import default_rules, load_rules
 from slurmhealth.diagnose.rules import (  # re-exported: the engine's public names
     DRAINED_STATES,
@@ -35,6 +29,7 @@ from slurmhealth.diagnose.rules import (  # re-exported: the engine's public nam
     level_of,
 )
 from slurmhealth.model import Severity
+from slurmhealth.model_records import Job
 
 __all__ = [
     "LOG_TAIL_LINES", "MAX_CITATIONS", "Rule", "diagnose", "fill", "headline", "load_rules",
@@ -79,10 +74,10 @@ def _match(facts: Facts, rules: Sequence[Rule]) -> dict[tuple[str, str | None, i
 
 
 def _values(
-    node: str | None, gpu: int | None, hits: Iterable[Hit], job: JobFacts
+    node: str | None, gpu: int | None, hits: Iterable[Hit], job: Job
 ) -> dict[str, str | None]:
     """Placeholder values: node, gpu, job, where, and every value the hits carry."""
-    node = node or ", ".join(as_text(n) for n in job.nodes or ()) or None
+    node = node or ", ".join(as_text(n) for n in job.node_names or ()) or None
     found: dict[str, dict[str, None]] = {}
     for h in hits:
         for k, v in h.values:
@@ -115,7 +110,7 @@ def _by_ts(c: tuple[Any, ...]) -> tuple[bool, float]:
     return (c[4] is None, c[4] or 0.0)  # Hit.ts; unknown last
 
 
-def _diagnosis(g: _Group, job: JobFacts) -> Diagnosis:
+def _diagnosis(g: _Group, job: Job) -> Diagnosis:
     rule, values = g.rule, _values(g.node, g.gpu, g.hits + g.cites, job)
     level = level_of(rule.severity)
     if rule.escalate and g.hits:

@@ -1,6 +1,6 @@
 """What is known about one job, per node: plain data for diagnosis and the report.
 
-Built from a node's history (``slurmhealth.report.collect``), written by the epilog as the
+Built from a node's history (``slurmhealth.summary.collect``), written by the epilog as the
 node's ``summary.json`` in the shared evidence dir, and read back by ``slurmhealth report``
 on any node. Times are UTC seconds; rows keep the history's column names.
 """
@@ -11,24 +11,28 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from slurmhealth.model_records import Job
+
 SCHEMA = "slurmhealth.facts/1"
 
 
-@dataclass(frozen=True)
-class JobFacts:
-    job_id: str
-    user: str = ""
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    priority: int | None = None
-    nodes: tuple[str, ...] = ()
-    gpus: tuple[int, ...] = ()
-    start_ts: float | None = None
-    end_ts: float | None = None
-    state: str = ""  # running | completed | failed | ...
-    exit_code: str | None = None  # "exit:signal", e.g. "3:0", "0:9"
-    time_limit_s: float | None = None  # what the job asked for (sbatch --time), when known
+# the job as facts (the JSON report's and a summary's "job"): these fields of it, in this
+# order, ``nodes`` holding the node names
+FACT_FIELDS = ("job_id", "user", "account", "partition", "qos", "priority", "nodes", "gpus",
+               "start_ts", "end_ts", "state", "exit_code", "time_limit_s")  # fmt: skip
+
+
+def job_to_dict(job: Job) -> dict[str, Any]:
+    """:data:`FACT_FIELDS` of ``job``."""
+    return {k: getattr(job, "node_names" if k == "nodes" else k) for k in FACT_FIELDS}
+
+
+def job_from_dict(data: Mapping[str, Any]) -> Job:
+    """The job from :func:`job_to_dict`'s shape; ``TypeError`` for a key of another."""
+    unknown = set(data) - set(FACT_FIELDS)
+    if unknown:
+        raise TypeError(f"not a job's field: {sorted(unknown)}")
+    return Job(**{("node_names" if k == "nodes" else k): v for k, v in data.items()})
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class NodeFacts:
     evidence: tuple[Mapping[str, Any], ...] = ()  # manifest entries of the node's bundle
     logs: Mapping[str, str] = field(default_factory=dict)  # tails: stderr, nccl, kernel, stacks
     bundle_dir: str | None = None
-    # the NCCL logs' verdicts (slurmhealth.nccl_log.NcclFacts.to_dict()), read from the
+    # the NCCL logs' verdicts (slurmhealth.diagnose.nccl_log.NcclFacts.to_dict()), read from the
     # bundle's whole NCCL files; empty: none were captured (rules read the tail instead)
     nccl: Mapping[str, Any] = field(default_factory=dict)
 
@@ -122,7 +126,7 @@ class NodeFacts:
 
 @dataclass(frozen=True)
 class Facts:
-    job: JobFacts
+    job: Job
     nodes: tuple[NodeFacts, ...] = ()
 
 

@@ -17,15 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, RATIO, stragglers
-from slurmhealth.diagnose.facts import (
-    Facts,
-    GpuStats,
-    JobFacts,
-    NodeFacts,
-    TaskFacts,
-)
+from slurmhealth.diagnose.facts import Facts, GpuStats, NodeFacts, TaskFacts
+from slurmhealth.diagnose.nccl_log import NcclFacts, read_facts
 from slurmhealth.model import Severity
-from slurmhealth.nccl_log import NcclFacts, read_facts
+from slurmhealth.model_records import Job
 
 MAX_CITATIONS = 25  # per diagnosis: the earliest matches first, then the cited tails
 LOG_TAIL_LINES = 5  # lines cited from a log matched without a pattern
@@ -182,8 +177,8 @@ class Scope:
     """One node's facts (and the job's): rows indexed once, made hits when a rule matches."""
 
     def __init__(self, facts: Facts, node: NodeFacts) -> None:
-        self.job: JobFacts = facts.job
-        self.n_nodes = len(facts.job.nodes or ()) or len(facts.nodes)
+        self.job: Job = facts.job
+        self.n_nodes = len(facts.job.node_names or ()) or len(facts.nodes)
         self.node, self.name = node, as_text(node.node)
         self.rows: dict[str, dict[str, list[Mapping[str, Any]]]] = {}
         self.xids: dict[int, list[tuple[str, Mapping[str, Any]]]] = {}

@@ -20,12 +20,12 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from slurmhealth import safe_read
+from slurmhealth.access import safe_read
+from slurmhealth.access.trust import _ACL_XATTR, acl_granting
+from slurmhealth.access.trust import captured as captured  # re-exported for the evidence writers
+from slurmhealth.access.trust import reader_of as reader_of
+from slurmhealth.access.trust import trusted_manifest as trusted_manifest
 from slurmhealth.errors import UsageError
-from slurmhealth.trust import _ACL_XATTR, acl_granting
-from slurmhealth.trust import captured as captured  # re-exported for the evidence writers
-from slurmhealth.trust import reader_of as reader_of
-from slurmhealth.trust import trusted_manifest as trusted_manifest
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config

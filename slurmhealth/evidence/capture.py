@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from slurmhealth.access.user_open import Rights
 from slurmhealth.evidence import bundle
 from slurmhealth.evidence.kernel import kernel_excerpt
 from slurmhealth.evidence.sources import (
@@ -33,7 +34,6 @@ from slurmhealth.evidence.sources import (
 from slurmhealth.evidence.summary import write_summary
 from slurmhealth.evidence.user_files import UserFiles, copy_user_files
 from slurmhealth.model_records import Job
-from slurmhealth.user_open import Rights
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -375,12 +375,10 @@ def _record(
     cfg: Config, job_id: str, node: str, path: str, entries: list[dict[str, Any]], end: float
 ) -> bool:
     """One ``evidence`` row per file, in one batch (spooled when the history is busy)."""
-    from slurmhealth.history import Batch, History, rows
+    from slurmhealth.history import History, records, rows
 
-    batch = Batch(
-        inserts=[
-            ("evidence", r) for r in rows.evidence_rows(time.time(), job_id, node, path, entries)
-        ]
+    batch = records.batch(
+        records.evidence(r) for r in rows.evidence_rows(time.time(), job_id, node, path, entries)
     )
     wait_ms = int(max(0.2, end - time.monotonic()) * 1000)
     with History.for_node(cfg, node, wait_ms) as h:

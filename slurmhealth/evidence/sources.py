@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth import safe_read
-from slurmhealth.user_open import Opened, Rights, open_paths
+from slurmhealth.access import safe_read
+from slurmhealth.access.user_open import Opened, Rights, open_paths
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
@@ -136,7 +136,7 @@ def tail_file(
 ) -> None:
     """The last ``min(nbytes, sink.cap)`` bytes of the regular file ``path``.
 
-    Opened with ``rights`` (the job's user: :mod:`slurmhealth.user_open`) when given, never
+    Opened with ``rights`` (the job's user: :mod:`slurmhealth.access.user_open`) when given, never
     following a final symlink nor blocking on a FIFO; when ``uid`` is known it must own the
     file (a job's user must not get root to copy someone else's file into the bundle)."""
     opened, note = open_paths([path], rights, max_files=1, timeout_s=2.0)

@@ -56,10 +56,10 @@ def bundle_logs(dir_fd: int, cap: int) -> dict[str, str]:
 
 
 def bundle_nccl(dir_fd: int, cap: int) -> dict[str, Any]:
-    """The NCCL reader's facts (:func:`slurmhealth.nccl_log.read_facts`) of the bundle's
+    """The NCCL reader's facts (:func:`slurmhealth.diagnose.nccl_log.read_facts`) of the bundle's
     NCCL files, each read up to ``cap`` bytes (their channel lines are at the start, which
     the summary's tail leaves out); {} without NCCL files."""
-    from slurmhealth.nccl_log import read_facts
+    from slurmhealth.diagnose.nccl_log import read_facts
 
     texts = []
     with bundle.open_existing("nccl", dir_fd) as sub:
@@ -84,7 +84,7 @@ def node_summary(
     job's uid from the history's ``jobs`` row."""
     from slurmhealth.diagnose.facts import NodeFacts
     from slurmhealth.history.read import Reader, StoreError, owner_uid
-    from slurmhealth.report import collect
+    from slurmhealth.summary import collect
 
     path = cfg.db_path(node)
     if not os.path.exists(path):

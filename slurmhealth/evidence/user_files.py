@@ -1,7 +1,7 @@
 """Files under a job's user's folders copied into its evidence bundle: the NCCL debug files
 and the user's drop folder (``evidence.drop_globs``, docs/threat-model.md).
 
-Found and opened with the job's user's rights (:mod:`slurmhealth.user_open`), never
+Found and opened with the job's user's rights (:mod:`slurmhealth.access.user_open`), never
 following a final symlink nor blocking on a FIFO; only regular files of the job's uid, at
 most ``max_files`` of them, the last ``tail_bytes`` of each (:func:`tail_opened`).
 """
@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from slurmhealth import safe_read
+from slurmhealth.access import safe_read
+from slurmhealth.access.user_open import Rights, open_paths
 from slurmhealth.evidence.sources import Sink, tail_opened
 from slurmhealth.model_records import Job
-from slurmhealth.user_open import Rights, open_paths
 
 _SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.+-]")
 

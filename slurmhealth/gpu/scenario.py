@@ -148,7 +148,7 @@ def _check_field(src: str, where: str, path: str, value: Any, numeric_only: bool
             if not isinstance(p.get("used_mib", 0), int) or set(p) - {"pid", "used_mib", "name"}:
                 raise ScenarioError(src, f"{where}.{path}", "entries take pid, used_mib, name")
     if path in ("fabric_health", "mig_devices"):
-        from slurmhealth.gpu.sim_mig import check_fabric_health, check_mig_devices
+        from slurmhealth.gpu.scenario_mig import check_fabric_health, check_mig_devices
 
         problem = (check_fabric_health if path == "fabric_health" else check_mig_devices)(value)
         if problem:

@@ -21,7 +21,7 @@ from typing import Any
 import pynvml
 
 from slurmhealth.gpu.scenario import CLOCK_REASONS, FABRIC_STATES, Fault, NodeScenario, Scenario
-from slurmhealth.gpu.sim_device import DeviceQueries, SimHandle
+from slurmhealth.gpu.sim_device import DeviceQueries, SimHandle, fabric_status_code
 from slurmhealth.gpu.sim_lifetime import read_lifetime, record_resets
 from slurmhealth.gpu.sim_mig import MigQueries
 
@@ -41,19 +41,6 @@ _CONSTANTS = (
     *(name for name in dir(pynvml) if name.startswith(("NVML_FI_DEV_NVLINK_", "NVML_VALUE_TYPE_"))),
     "c_nvmlGpuFabricInfoV_t", "nvmlGpuFabricInfo_v2", "NVML_DEVICE_MIG_ENABLE",
 )  # fmt: skip
-
-_ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
-    "ok": pynvml.NVML_SUCCESS,
-    "timeout": pynvml.NVML_ERROR_TIMEOUT,
-    "unknown": pynvml.NVML_ERROR_UNKNOWN,
-    "not_ready": getattr(pynvml, "NVML_ERROR_NOT_READY", pynvml.NVML_ERROR_UNKNOWN),
-}
-
-
-def fabric_status_code(name: str) -> int:
-    """The NVML return code a scenario's ``fabric_status`` stands for."""
-    return int(_ERRORS.get(name, pynvml.NVML_ERROR_UNKNOWN))
-
 
 DEFAULT_RUN_DIR = "/run/slurmhealth"  # config's paths.run_dir default: root-owned
 
@@ -246,7 +233,7 @@ class SimulatedNvml(MigQueries, DeviceQueries):
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         info = ref._obj  # ctypes.byref(struct)
         info.state = FABRIC_STATES.index(state)
-        info.status = _ERRORS.get(self.field(i, "fabric_status"), pynvml.NVML_ERROR_UNKNOWN)
+        info.status = fabric_status_code(self.field(i, "fabric_status"))
         return int(pynvml.NVML_SUCCESS)
 
     # -- events (Xid) ----------------------------------------------------------------

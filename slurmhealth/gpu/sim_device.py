@@ -13,6 +13,18 @@ from typing import Any
 
 import pynvml
 
+_ERRORS = {  # error code -> pynvml's fabric-status text for fabric_status
+    "ok": pynvml.NVML_SUCCESS,
+    "timeout": pynvml.NVML_ERROR_TIMEOUT,
+    "unknown": pynvml.NVML_ERROR_UNKNOWN,
+    "not_ready": getattr(pynvml, "NVML_ERROR_NOT_READY", pynvml.NVML_ERROR_UNKNOWN),
+}
+
+
+def fabric_status_code(name: str) -> int:
+    """The NVML return code a scenario's ``fabric_status`` stands for."""
+    return int(_ERRORS.get(name, pynvml.NVML_ERROR_UNKNOWN))
+
 
 @dataclass(frozen=True)
 class SimHandle:

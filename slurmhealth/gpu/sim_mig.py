@@ -1,5 +1,6 @@
 """The simulated NVML's fabric-info V and MIG calls (a mixin of
-:class:`slurmhealth.gpu.sim.SimulatedNvml`), and the checks of their scenario fields.
+:class:`slurmhealth.gpu.sim.SimulatedNvml`); the checks of their scenario fields are
+``scenario_mig``'s.
 
 Scenario fields (docs/scenarios.md): ``fabric_clique_id``, ``fabric_cluster_uuid``,
 ``fabric_health`` (``"name:meaning"`` per health-mask field, e.g. ``"degraded_bw:degraded"``,
@@ -15,11 +16,10 @@ from typing import Any
 
 import pynvml
 
-from slurmhealth.gpu.sim_device import SimHandle, _Process
+from slurmhealth.gpu.scenario import FABRIC_STATES
+from slurmhealth.gpu.scenario_mig import MIG_SLOTS
+from slurmhealth.gpu.sim_device import SimHandle, _Process, fabric_status_code
 from slurmhealth.model import FABRIC_HEALTH_FIELDS
-
-MIG_SLOTS = 7  # nvmlDeviceGetMaxMigDeviceCount on A100/H100/B200
-_MIG_KEYS = {"profile", "gi", "ci", "memory_mib", "used_mib", "processes"}
 
 
 @dataclass(frozen=True)
@@ -27,37 +27,6 @@ class SimMigHandle(SimHandle):
     """A MIG device's handle: ``index`` is its parent GPU, ``mig`` its slot."""
 
     mig: int = 0
-
-
-def check_fabric_health(value: list[Any]) -> str:
-    """What is wrong with a scenario's ``fabric_health`` list ('' if nothing)."""
-    if value == ["not_supported"]:
-        return ""
-    for item in value:
-        name, _, meaning = str(item).partition(":")
-        field = FABRIC_HEALTH_FIELDS.get(name)
-        if field is None or meaning not in field[2].values():
-            return f"{item!r}: expected 'field:meaning' of {sorted(FABRIC_HEALTH_FIELDS)}"
-    return ""
-
-
-def check_mig_devices(value: list[Any]) -> str:
-    """What is wrong with a scenario's ``mig_devices`` list ('' if nothing)."""
-    if len(value) > MIG_SLOTS:
-        return f"at most {MIG_SLOTS} MIG devices"
-    for item in value:
-        if not isinstance(item, dict) or set(item) - _MIG_KEYS or "gi" not in item:
-            return f"entries take {sorted(_MIG_KEYS)} (gi required)"
-        ints = [item.get(k, 0) for k in ("gi", "ci", "memory_mib", "used_mib")]
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints):
-            return "gi, ci, memory_mib, used_mib are integers >= 0"
-        procs = item.get("processes", [])
-        if not isinstance(procs, list) or not all(
-            isinstance(p, dict) and isinstance(p.get("pid"), int) and set(p) <= {"pid", "used_mib"}
-            for p in procs
-        ):
-            return "processes are [{ pid = N, used_mib = M }]"
-    return ""
 
 
 def health_mask(items: list[str]) -> int:
@@ -88,9 +57,6 @@ class MigQueries:
         state = self.field(i, "fabric_state")
         if state == "not_supported":
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
-        from slurmhealth.gpu.scenario import FABRIC_STATES
-        from slurmhealth.gpu.sim import fabric_status_code
-
         info = ref._obj  # ctypes.byref(struct)
         info.state = FABRIC_STATES.index(state)
         info.status = fabric_status_code(self.field(i, "fabric_status"))

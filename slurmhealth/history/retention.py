@@ -16,14 +16,13 @@ import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from slurmhealth.errors import SchemaTooNew, StoreError
 from slurmhealth.history.batch import immediate
 
 if TYPE_CHECKING:
     from slurmhealth.config import Config
-    from slurmhealth.history.writer import History
 
 log = logging.getLogger("slurmhealth.history")
 
@@ -107,7 +106,16 @@ def prune(conn: sqlite3.Connection, policy: Retention, now: float | None = None)
     return PruneResult({t: n for t, n in deleted.items() if n}, complete, time.monotonic() - t0)
 
 
-def prune_quietly(history: History, cfg: Config) -> PruneResult | None:
+class Prunable(Protocol):
+    """What the hooks' prune needs of a history (``history.writer.History``, which calls
+    :func:`prune` here: named by its shape, so the two modules import nothing of each other)."""
+
+    path: str
+
+    def prune(self, policy: Retention, now: float | None = None) -> PruneResult: ...
+
+
+def prune_quietly(history: Prunable, cfg: Config) -> PruneResult | None:
     """The hooks' prune (after the epilog, from the health check): logged, never raises."""
     try:
         result = history.prune(policy(cfg))

@@ -1,7 +1,8 @@
 """Row shapes: the dicts written to each table, built in one place.
 
 Builders take the project's own records (a check result, a finding, a snapshot, a detector
-event, a job) through small protocols, so this adapter imports nothing above the model.
+event through small protocols; the job as ``model_records.Job``, the one job record), so
+this adapter imports nothing above the model.
 ``None`` in an upserted row never overwrites a stored value.
 """
 
@@ -9,10 +10,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmhealth.history.schema import SAMPLE_COLUMNS
 from slurmhealth.model import Finding, NodeSnapshot, Severity
+
+if TYPE_CHECKING:
+    from slurmhealth.model_records import Job
 
 # GPU fields a ``samples`` row keeps, each in its column (``schema.SAMPLE_COLUMNS``)
 SAMPLE_FIELDS = (
@@ -61,31 +65,6 @@ class Noticed(Protocol):
     def uuid(self) -> str | None: ...
     @property
     def evidence(self) -> Mapping[str, Any]: ...
-
-
-class JobRecord(Protocol):
-    """What a hook knows of its job (``hooks.job.Job``)."""
-
-    @property
-    def job_id(self) -> str: ...
-    @property
-    def node(self) -> str: ...
-    @property
-    def user(self) -> str: ...
-    @property
-    def uid(self) -> int | None: ...
-    @property
-    def account(self) -> str: ...
-    @property
-    def partition(self) -> str: ...
-    @property
-    def qos(self) -> str: ...
-    @property
-    def priority(self) -> int | None: ...
-    @property
-    def nodes(self) -> str: ...
-    @property
-    def gpus(self) -> tuple[int, ...]: ...
 
 
 def check_run_row(run: CheckRun, backend: str) -> dict[str, Any]:
@@ -184,7 +163,7 @@ def event_row(event: Noticed, node: str, job_id: str) -> dict[str, Any]:
     }
 
 
-def job_row(job: JobRecord, **extra: Any) -> dict[str, Any]:
+def job_row(job: Job, **extra: Any) -> dict[str, Any]:
     """The ``jobs`` row (None values never overwrite what is stored), plus ``extra``
     columns (``start_ts``, ``end_ts``, ``exit_code``, ``state``)."""
     return {

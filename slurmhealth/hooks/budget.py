@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from slurmhealth.errors import SlurmhealthError
 from slurmhealth.hooks.wrapper_log import STAGE_FD_ENV  # where the wrapper reads the stage
-from slurmhealth.slurm import JobInfo, NodeInfo, SlurmBackend, SlurmError
+from slurmhealth.slurm import Job, NodeInfo, SlurmBackend, SlurmError
 
 if TYPE_CHECKING:
     from slurmhealth.history import History
@@ -166,7 +166,7 @@ class BoundedSlurm:
     def resume(self, node: str) -> None:
         self._slurm("scontrol resume").resume(node)
 
-    def job(self, job_id: str) -> JobInfo | None:
+    def job(self, job_id: str) -> Job | None:
         return self._slurm("squeue").job(job_id)
 
     def show_job(self, job_id: str) -> dict[str, str]:

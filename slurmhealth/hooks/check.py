@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from slurmhealth.config import Config
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.history import Batch, History
+    from slurmhealth.history.records import Row
     from slurmhealth.hooks.budget import Budget
     from slurmhealth.kernel_log import ReadResult
     from slurmhealth.model_records import Job
@@ -200,7 +201,7 @@ def judge(
     partition: str | None = None,
 ) -> Judged:
     """Run the check catalog over ``snapshot`` and the new kernel-log lines (MIG: gpu_scope)."""
-    from slurmhealth.checks import CheckContext, counters, run_checks
+    from slurmhealth.checks import CheckContext, counters, run_checks, window_of
     from slurmhealth.hooks.gpu_scope import imex_for, job_scope, node_topology
     from slurmhealth.hooks.kernel_read import predating_findings
     from slurmhealth.hooks.rdma_read import read_rdma_for_checks
@@ -245,7 +246,7 @@ def judge(
             counters.remember(
                 remembered,
                 snapshot,
-                counters.window_of(cfg.checks.settings),
+                window_of(cfg.checks.settings),
                 {**ctx.counters, **net.counters},
             )
         ),
@@ -288,14 +289,20 @@ def check_node(
 
 
 def check_batch(
-    cfg: Config, result: CheckResult, job_row: dict[str, Any] | None, state: dict[str, Any]
+    cfg: Config,
+    result: CheckResult,
+    job_row: dict[str, Any] | None,
+    state: dict[str, Any],
+    more: Sequence[Row] = (),
 ) -> Batch:
-    from slurmhealth.history import Batch, rows
+    """The run's ``check_runs`` and ``findings`` rows, then ``more`` (the hook's drain,
+    earlier killed runs), the job's row and the checks' state, in one transaction."""
+    from slurmhealth.history import records, rows
 
-    return Batch(
-        inserts=[("check_runs", rows.check_run_row(result, cfg.gpu.backend))]
-        + [("findings", rows.finding_row(result, f)) for f in result.findings],
-        upserts=[("jobs", job_row, "job_id")] if job_row else [],
+    return records.batch(
+        [records.check_run(rows.check_run_row(result, cfg.gpu.backend))]
+        + [records.finding(rows.finding_row(result, f)) for f in result.findings]
+        + [*more, *([records.job(job_row)] if job_row else [])],
         kv=state,
     )
 

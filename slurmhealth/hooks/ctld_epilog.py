@@ -1,6 +1,6 @@
 """``slurmhealth ctld-epilog``: slurm.conf's ``EpilogSlurmctld``. On the controller, once per
 job at its end: the job's report, reduced to the compact summary of
-:mod:`slurmhealth.report.admin_comment`, goes into the job's AdminComment in slurmdbd, where
+:mod:`slurmhealth.summary.admin_comment`, goes into the job's AdminComment in slurmdbd, where
 ``sacct -o AdminComment`` and ``slurmhealth report`` on any login node find it after the
 nodes' own histories and evidence are gone.
 
@@ -76,8 +76,8 @@ def run_ctld_epilog(
 ) -> CtldResult:
     """Build the job's summary and store it; raises nothing it can name (the caller logs
     what it cannot)."""
-    from slurmhealth.report import admin_comment
-    from slurmhealth.report.build import build_report
+    from slurmhealth.report.gather import build_report
+    from slurmhealth.summary import admin_comment
 
     job_id = env.get("SLURM_JOB_ID", "").strip()
     if not _JOB_ID.fullmatch(job_id):

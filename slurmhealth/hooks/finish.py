@@ -208,7 +208,7 @@ def _start_rows(cfg: Config, job: Job) -> list[dict[str, Any]]:
 
 def _short_job_samples(cfg: Config, history: History, entry: Pending) -> str:
     """A job the sidecar never sampled gets the prolog's and the epilog's snapshots."""
-    from slurmhealth.history import Batch
+    from slurmhealth.history import records
     from slurmhealth.history.read import Reader, StoreError, job_row_counts
 
     job = entry.job
@@ -221,7 +221,7 @@ def _short_job_samples(cfg: Config, history: History, entry: Pending) -> str:
     rows = [r for r in (*_start_rows(cfg, job), *entry.samples) if r.get("job_id") == job.job_id]
     if not rows:
         return ""
-    history.write(Batch(inserts=[("samples", r) for r in rows]))
+    history.write(records.batch(records.sample(r) for r in rows))
     return f"{len(rows)} samples from the prolog's and epilog's snapshots (a short job)"
 
 

@@ -42,6 +42,7 @@ from slurmhealth.hooks.check import (
 from slurmhealth.hooks.drain import DrainOutcome, drain_candidates, drain_node
 
 if TYPE_CHECKING:
+    from slurmhealth.history.records import Row
     from slurmhealth.hooks.prolog import Adapters
 
 log = logging.getLogger("slurmhealth.healthcheck")
@@ -131,9 +132,10 @@ def run_healthcheck(
     drain = drain_node(cfg, adapters.slurm, node, candidates) if candidates else None
     if drain is not None and drain.state in ("suppressed", "failed"):
         log.warning("drain %s: %s (%s)", drain.state, drain.reason, drain.detail)
-    batch = check_batch(cfg, check, None, judged.state)
+    more = []
     if drain is not None and drain.state not in QUIET_STATES:
-        batch.inserts.append(_drain_insert(check, drain, candidates))
+        more.append(_drain_insert(check, drain, candidates))
+    batch = check_batch(cfg, check, None, judged.state, more)
     if not adapters.history.write(batch):
         check = check._replace(recorded=False)
     return HealthcheckResult(check, jobs, skipped, drain)
@@ -150,15 +152,13 @@ def _jobs_of(before: Sequence[str] | None, local_jobs: LocalJobs) -> tuple[str, 
     return None if after is None else tuple(after)
 
 
-def _drain_insert(
-    check: CheckResult, drain: DrainOutcome, candidates: Sequence[Any]
-) -> tuple[str, dict[str, Any]]:
-    from slurmhealth.history import rows
+def _drain_insert(check: CheckResult, drain: DrainOutcome, candidates: Sequence[Any]) -> Row:
+    from slurmhealth.history import records, rows
 
     detail = {"note": drain.detail, "findings": [f.to_dict() for f in candidates]}
     row = rows.drain_row(time.time(), check.node, drain.state, drain.reason,
                          f"slurmhealth {PHASE}", detail)  # fmt: skip
-    return "drains", {**row, "run_id": check.run_id}
+    return records.drain({**row, "run_id": check.run_id})
 
 
 def healthcheck(cfg: Config) -> HealthcheckResult:

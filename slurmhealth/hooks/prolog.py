@@ -35,6 +35,7 @@ from slurmhealth.slurm import SlurmBackend
 if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.history import History
+    from slurmhealth.history.records import Row
 
 log = logging.getLogger("slurmhealth.hooks")
 DB_WAIT_S = 2.0  # the record, after the decision, waits on a locked db at most this, then spools
@@ -72,28 +73,25 @@ def _drain_candidates(findings: tuple[Finding, ...]) -> list[Finding]:
     return [f for f in findings if f.failing and f.action.takes_node_out]
 
 
-def _record(
-    history: History,
-    inserts: list[tuple[str, dict[str, Any]]],
-    job_row: dict[str, Any] | None = None,
-) -> None:
-    from slurmhealth.history import Batch
+def _record(history: History, rows: list[Row], job_row: dict[str, Any] | None = None) -> None:
+    from slurmhealth.history import records
 
-    history.write(Batch(inserts=inserts, upserts=[("jobs", job_row, "job_id")] if job_row else []))
+    history.write(records.batch([*rows, *([records.job(job_row)] if job_row else [])]))
 
 
 def _skip(
     cfg: Config, history: History, job: Job, phase: str, job_row: dict[str, Any]
 ) -> HookResult:
     """The job opted out: record that, run nothing."""
+    from slurmhealth.history import records
+
     run_id = os.urandom(16).hex()
     now = time.time()
     log.warning("job %s opted out (%r): checks skipped", job.job_id, cfg.policy.optout_token)
     _record(
         history,
         [
-            (
-                "check_runs",
+            records.check_run(
                 {
                     "run_id": run_id,
                     "ts": now,
@@ -172,11 +170,11 @@ def run_hook(
             log.warning("drain %s: %s (%s)", outcome.state, outcome.reason, outcome.detail)
     exit_code = 1 if phase == "prolog" and outcome and outcome.keeps_job_off else 0
     budget.enter("record")
-    batch = check_batch(cfg, result, row, judged.state)
-    batch.inserts += _killed_before(cfg, job, phase)
+    more = _killed_before(cfg, job, phase)
     if outcome and not (phase == "epilog" and outcome.state == "already"):
         # (the epilog after our own failed prolog would only repeat the drain)
-        batch.inserts.append(_drain_row(job, phase, result.run_id, outcome, candidates))
+        more.append(_drain_row(job, phase, result.run_id, outcome, candidates))
+    batch = check_batch(cfg, result, row, judged.state, more)
     bound_db_wait(adapters.history, budget.bound(DB_WAIT_S))
     adapters.history.write(batch)
     if phase == "prolog":
@@ -202,6 +200,8 @@ def _fail_open(
     """The budget ran out before a decision: the job runs (the prolog exits 0) and a
     ``failopen`` check run says where and why, in the history or, when the history does
     not answer at once, in the spool the next run ingests."""
+    from slurmhealth.history import records
+
     run_id = os.urandom(16).hex()
     history = adapters.history
     log.log(
@@ -214,8 +214,7 @@ def _fail_open(
         history,
         [
             *_killed_before(cfg, job, phase),
-            (
-                "check_runs",
+            records.check_run(
                 {
                     "run_id": run_id,
                     "ts": time.time(),
@@ -269,23 +268,25 @@ def _after(
         log.debug("%s", finish(cfg, path, adapters.slurm))
 
 
-def _killed_before(cfg: Config, job: Job, phase: str) -> list[tuple[str, dict[str, Any]]]:
+def _killed_before(cfg: Config, job: Job, phase: str) -> list[Row]:
     """Earlier prologs of this node that the wrapper killed (hooks/inflight.py)."""
     if phase != "prolog":
         return []
+    from slurmhealth.history import records
     from slurmhealth.hooks.inflight import killed_runs
 
     rows = killed_runs(cfg.expand(cfg.paths.run_dir, job.node), cfg.gpu.backend)
     for row in rows:
         log.warning("job %s: %s", row["job_id"], row["error"])
-    return [("check_runs", row) for row in rows]
+    return [records.check_run(row) for row in rows]
 
 
 def _drain_row(
     job: Job, phase: str, run_id: str, outcome: DrainOutcome, candidates: list[Finding]
-) -> tuple[str, dict[str, Any]]:
-    return (
-        "drains",
+) -> Row:
+    from slurmhealth.history import records
+
+    return records.drain(
         {
             "ts": time.time(),
             "node": job.node,

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from slurmhealth.gpu import GpuBackend
     from slurmhealth.gpu.reset import GpuReset
     from slurmhealth.history import History
+    from slurmhealth.history.records import Row
 
 log = logging.getLogger("slurmhealth.remediate")
 ACTOR = "slurmhealth remediate"
@@ -186,12 +187,12 @@ def _repair(
     return _reboot(me, fault, ad)
 
 
-def _write(ad: RemediateAdapters, table: str, row: dict[str, Any], upsert: bool = False) -> None:
-    from slurmhealth.history import Batch
+def _write(ad: RemediateAdapters, row: Row) -> None:
+    from slurmhealth.history import records
 
-    batch = Batch(upserts=[(table, row, "id")]) if upsert else Batch(inserts=[(table, row)])
-    if not ad.history.write(batch):
-        log.warning("%s: %s row spooled (history not writable now)", row.get("node"), table)
+    if not ad.history.write(records.batch([row])):
+        log.warning("%s: %s row spooled (history not writable now)", row.values.get("node"),
+                    row.table)  # fmt: skip
 
 
 def _row(
@@ -202,12 +203,12 @@ def _row(
     ended: float | None,
     gpus: Sequence[int] = (),
     detail: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    from slurmhealth.history import rows
+) -> Row:
+    from slurmhealth.history import records, rows
 
-    return rows.remediation_row(fault.node, action, outcome, started=started, ended=ended,
-                                fault=fault.text, gpus=gpus, job_id=fault.job_id,
-                                detail=detail)  # fmt: skip
+    return records.remediation(rows.remediation_row(
+        fault.node, action, outcome, started=started, ended=ended, fault=fault.text, gpus=gpus,
+        job_id=fault.job_id, detail=detail))  # fmt: skip
 
 
 def _reset(
@@ -223,8 +224,7 @@ def _reset(
         backend.close()
     result = ad.open_reset().reset(gpus, snapshot)
     outcome = "ok" if result.ok else "refused" if result.refused else "failed"
-    _write(ad, "remediations", _row(fault, "reset", outcome, started, ad.clock(), result.gpus,
-                                    result.to_dict()))  # fmt: skip
+    _write(ad, _row(fault, "reset", outcome, started, ad.clock(), result.gpus, result.to_dict()))
     if result.refused:
         ad.slurm.drain(me.name, me.reason)  # back to the plain drain; next tick tries again
         return Step(me.name, "wait", f"reset refused: {result.refused}", fault.text, result.gpus)
@@ -241,7 +241,7 @@ def _validate_and_resume(
     clean, reasons = ad.validate()
     verdict = {"after": after, "reasons": reasons}
     outcome = "ok" if clean else "fail"
-    _write(ad, "remediations", _row(fault, "validate", outcome, started, ad.clock(), gpus, verdict))
+    _write(ad, _row(fault, "validate", outcome, started, ad.clock(), gpus, verdict))
     if not clean:
         return None
     _resume(me, fault, ad, f"validated after a {after}")
@@ -250,7 +250,7 @@ def _validate_and_resume(
 
 
 def _resume(me: NodeInfo, fault: _Fault, ad: RemediateAdapters, why: str) -> None:
-    from slurmhealth.history import rows
+    from slurmhealth.history import records, rows
 
     now = ad.clock()
     info = next((n for n in ad.slurm.nodes() if n.name == me.name), me)
@@ -259,8 +259,8 @@ def _resume(me: NodeInfo, fault: _Fault, ad: RemediateAdapters, why: str) -> Non
     detail = {"previous_reason": info.reason, "validated": True, "why": why}
     drain = rows.drain_row(now, me.name, "resumed", f"slurmhealth remediation: {why}", ACTOR,
                            detail)  # fmt: skip
-    _write(ad, "drains", drain)
-    _write(ad, "remediations", _row(fault, "resume", "resumed", now, now))
+    _write(ad, records.drain(drain))
+    _write(ad, _row(fault, "resume", "resumed", now, now))
 
 
 def _reboot(me: NodeInfo, fault: _Fault, ad: RemediateAdapters) -> Step:
@@ -269,12 +269,10 @@ def _reboot(me: NodeInfo, fault: _Fault, ad: RemediateAdapters) -> Step:
     try:
         ad.reboot(me.name, reason)
     except SlurmError as exc:
-        _write(ad, "remediations", _row(fault, "reboot", "failed", now, ad.clock(),
-                                        detail={"error": str(exc)}))  # fmt: skip
+        _write(ad, _row(fault, "reboot", "failed", now, ad.clock(), detail={"error": str(exc)}))
         ad.slurm.drain(me.name, me.reason)
         return Step(me.name, "reboot", f"scontrol reboot failed: {exc}", fault.text)
-    _write(ad, "remediations", _row(fault, "reboot", "rebooting", now, None,
-                                    detail={"reason": reason}))  # fmt: skip
+    _write(ad, _row(fault, "reboot", "rebooting", now, None, detail={"reason": reason}))
     return Step(me.name, "reboot", "scontrol reboot ASAP nextstate=RESUME issued", fault.text)
 
 
@@ -284,11 +282,13 @@ def _after_reboot(
     """The tick after ``scontrol reboot``: wait while it runs; then validate. Clean: the
     reboot row ends ``validated`` (Slurm resumed the node). The fault back: it ends
     ``fault_returned`` and the node is drained again (None: the caller counts attempts)."""
+    from slurmhealth.history import records
+
     if me.state.startswith("down") and not me.ours:  # Slurm gave up on it (ResumeTimeout)
-        _write(ad, "remediations", {**row, "ended": ad.clock(), "outcome": "failed",
-                                    "detail": {**(row.get("detail") or {}),
-                                               "reasons": [f"node {me.state}: {me.reason}"]}},
-               upsert=True)  # fmt: skip
+        _write(ad, records.remediation({**row, "ended": ad.clock(), "outcome": "failed",
+                                        "detail": {**(row.get("detail") or {}),
+                                                   "reasons": [f"node {me.state}: {me.reason}"]}},
+                                       upsert=True))  # fmt: skip
         return Step(me.name, "none", f"the reboot did not complete ({me.reason}): left as is")
     if "reboot" in me.state or me.state.startswith(("down", "unknown")):
         return Step(me.name, "wait", f"reboot in progress (node {me.state})", row["fault"])
@@ -299,7 +299,7 @@ def _after_reboot(
     ended = ad.clock()
     closed = {**row, "ended": ended, "outcome": "validated" if clean else "fault_returned",
               "detail": {**(row.get("detail") or {}), "reasons": reasons}}  # fmt: skip
-    _write(ad, "remediations", closed, upsert=True)
+    _write(ad, records.remediation(closed, upsert=True))
     if clean:
         if me.drained and me.ours:
             _resume(me, fault, ad, "validated after a reboot")
@@ -325,8 +325,8 @@ def _service_required(
         folder = fleet.write_incident(cfg, me.name, doc, ad.bug_report, now)
     except OSError as exc:
         folder = f"(not written: {exc})"
-    _write(ad, "remediations", _row(fault, "service_required", "service_required", now,
-                                    ad.clock(), detail={"incident": folder}))  # fmt: skip
+    _write(ad, _row(fault, "service_required", "service_required", now, ad.clock(),
+                    detail={"incident": folder}))  # fmt: skip
     why = f"{len(tried)} attempt(s) in {cfg.remediate.window_s:g} s: left drained; {folder}"
     return Step(me.name, "service_required", why, fault.text)
 

@@ -89,7 +89,7 @@ def resume(
 ) -> ResumeOutcome:
     """Resume ``node`` if its current reason is slurmhealth's; someone else's needs --force.
     Every resume (and every refusal) is recorded in ``history``."""
-    from slurmhealth.history import Batch, rows
+    from slurmhealth.history import records, rows
 
     info = next((n for n in slurm.nodes() if n.name == node), None)
     if info is None:
@@ -109,7 +109,7 @@ def resume(
     }
     state = "resume_refused" if refused else "resumed"
     row = rows.drain_row(time.time(), node, state, reason, _actor(), detail)
-    history.write(Batch(inserts=[("drains", row)]))
+    history.write(records.batch([records.drain(row)]))
     return _outcome(info, refused=refused, forced=forced)
 
 

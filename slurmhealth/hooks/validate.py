@@ -279,19 +279,19 @@ def _done(outcome: BenchOutcome) -> str:
 
 
 def _mark(cfg: Config, run_id: str, status: str) -> None:
-    from slurmhealth.history import Batch, History
+    from slurmhealth.history import History, records
 
     run = {"run_id": run_id, "phase": PHASE, "status": status}
     with History.for_node(cfg) as db:
-        db.write(Batch(upserts=[("check_runs", run, "run_id")]))
+        db.write(records.batch([records.check_run(run, upsert=True)]))
 
 
 def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
     """The check run's row gets the verdict; each failed benchmark becomes a finding."""
-    from slurmhealth.history import Batch, History
+    from slurmhealth.history import History, records
 
     findings = [
-        ("findings", _finding(result, b, ts)) for b in result.benchmarks if b.status != "ok"
+        records.finding(_finding(result, b, ts)) for b in result.benchmarks if b.status != "ok"
     ]
     run = {
         "run_id": result.run_id,
@@ -300,7 +300,7 @@ def _record(cfg: Config, result: ValidateResult, ts: float) -> None:
         "exit_code": result.exit_code,
     }
     with History.for_node(cfg) as db:
-        db.write(Batch(inserts=findings, upserts=[("check_runs", run, "run_id")]))
+        db.write(records.batch([*findings, records.check_run(run, upsert=True)]))
 
 
 def _finding(result: ValidateResult, b: BenchOutcome, ts: float) -> dict[str, Any]:

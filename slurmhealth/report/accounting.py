@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurmhealth.config import Config
-from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
-from slurmhealth.report import admin_comment
+from slurmhealth.diagnose.facts import Facts, GpuStats, NodeFacts
+from slurmhealth.model_records import Job
 from slurmhealth.slurm import SlurmCli, SlurmError
-from slurmhealth.slurm_acct import AcctJob, NodeEvent
+from slurmhealth.slurm.acct import NodeEvent
+from slurmhealth.summary import admin_comment
 
 log = logging.getLogger("slurmhealth.report")
 DRAIN_SLACK_S = 300.0  # a drain this soon after the job's end is the epilog's, about the job
@@ -32,7 +33,7 @@ GpuStatsFn = Callable[[str, float, float], Mapping[str, Sequence[GpuStats]]]
 class AccountingRead:
     """What the accounting sources said about a job, and which of them failed (why)."""
 
-    job: AcctJob
+    job: Job
     summary: dict[str, Any] | None = None
     events: list[NodeEvent] = field(default_factory=list)
     gpus: Mapping[str, Sequence[GpuStats]] = field(default_factory=dict)
@@ -40,14 +41,14 @@ class AccountingRead:
     failed: dict[str, str] = field(default_factory=dict)  # source -> why
 
 
-def job_facts(acct: AcctJob) -> JobFacts:
-    return JobFacts(
+def job_facts(acct: Job) -> Job:
+    return Job(
         job_id=acct.job_id,
         user=acct.user,
         account=acct.account,
         partition=acct.partition,
         qos=acct.qos,
-        nodes=acct.node_names,
+        node_names=acct.node_names,
         start_ts=acct.start_ts,
         end_ts=acct.end_ts,
         state=acct.state,
@@ -56,7 +57,7 @@ def job_facts(acct: AcctJob) -> JobFacts:
     )
 
 
-def _drain_rows(job: JobFacts, events: Sequence[NodeEvent], node: str) -> list[dict[str, Any]]:
+def _drain_rows(job: Job, events: Sequence[NodeEvent], node: str) -> list[dict[str, Any]]:
     """The node's drains that began while the job ran or just after it (its epilog's)."""
     start = job.start_ts or 0.0
     end = (job.end_ts or start) + DRAIN_SLACK_S
@@ -71,7 +72,7 @@ def facts_from_accounting(read: AccountingRead) -> Facts:
     """The job's facts as a node history would give them, from what accounting knows."""
     job = job_facts(read.job)
     nodes = []
-    for node in dict.fromkeys([*job.nodes, *read.gpus]):
+    for node in dict.fromkeys([*job.node_names, *read.gpus]):
         rows = admin_comment.node_rows(read.summary or {}, node)
         drains = _drain_rows(job, read.events, node) or list(rows["drains"])
         gpus = tuple(sorted(read.gpus.get(node, ()), key=lambda g: g.gpu))

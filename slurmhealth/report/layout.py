@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurmhealth.diagnose.facts import Diagnosis, GpuStats
 from slurmhealth.report.build import Report
 from slurmhealth.report.efficiency import TimelineEntry
-from slurmhealth.report.sources import NodeEvidence
+
+if TYPE_CHECKING:  # a gathered type, named for the annotations only
+    from slurmhealth.report.sources import NodeEvidence
 
 
 def utc(ts: float | None) -> str:
@@ -118,7 +120,7 @@ def header(report: Report) -> list[tuple[str, str]]:
         ("partition", shown(j.partition)),
         ("QOS", shown(j.qos)),
         ("priority", shown(j.priority)),
-        ("nodes", ",".join(j.nodes) or "-"),
+        ("nodes", ",".join(j.node_names) or "-"),
         ("GPUs", ",".join(map(str, j.gpus)) or "-"),
         ("start", utc(j.start_ts)),
         ("end", utc(j.end_ts)),

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats
-from slurmhealth.final_series import STATS, decode
 from slurmhealth.history.rollups import HIST_WIDTH, util_bin
-from slurmhealth.prom_client import Labels, Matrix, Vector
+from slurmhealth.metrics.final_series import STATS, decode
+from slurmhealth.metrics.prom_client import Labels, Matrix, Vector
 
 Key = tuple[str, int]  # (node, GPU index)
 Points = list[tuple[float, float | None, float | None]]  # (ts, util %, power W)
@@ -179,7 +179,7 @@ def gpu_stats_of(
         return None if x is None else round(x)
 
     util_min, util_max = pct(v["util_min"]), pct(v["util_max"])
-    if p5 is not None:  # as report.collect: the bin's edge, within the samples' range
+    if p5 is not None:  # as summary.collect: the bin's edge, within the samples' range
         p5 = bin_floor(p5 * 100.0)
         p5 = max(p5, util_min) if util_min is not None else p5
         p5 = min(p5, util_max) if util_max is not None else p5

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from slurmhealth.prom_client import Call, Matrix, PromClient, Vector
+from slurmhealth.metrics.prom_client import Call, Matrix, PromClient, Vector
 from slurmhealth.report.prom_answers import Key, key_of
 
 P = "slurmhealth_"

@@ -4,7 +4,7 @@ GPUs' series (``prom_spans``; docs/metrics.md), for a report made where no node 
 in reach (a login node).
 
 :meth:`PromSource.gpu_stats` gives the :class:`GpuStats` the node histories give
-(``report.collect``). First the stats each node's epilog published after the job
+(``summary.collect``). First the stats each node's epilog published after the job
 (``final_series``: the history's own numbers, two small queries whatever the job's
 length), taken as they are, with plots of each stride's mean (``avg_over_time``; at most
 :data:`MAX_PLOT_POINTS` a job). The nodes that published nothing (down before their
@@ -48,13 +48,12 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import UsageError
 from slurmhealth.history.rollups import BUCKET_S, BUSY_PCT, IDLE_PCT
-from slurmhealth.prom_client import Call, PromClient
+from slurmhealth.metrics import final_series
+from slurmhealth.metrics.prom_client import Call, PromClient
 from slurmhealth.report import prom_spans
-from slurmhealth.report.collect import HW_THROTTLE, MAX_SERIES
 from slurmhealth.report.prom_answers import (
     Key,
     Points,
@@ -72,6 +71,7 @@ from slurmhealth.report.prom_answers import (
     uuids_of,
 )
 from slurmhealth.report.prom_spans import EDGE_S, SLACK_S, Window
+from slurmhealth.summary.collect import HW_THROTTLE, MAX_SERIES
 
 P = "slurmhealth_"
 FINAL_S = 900.0  # after the job's end: when its nodes' epilogs publish its stats

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, fields
 from typing import Any
 
+from slurmhealth.diagnose.facts import job_to_dict
 from slurmhealth.report.build import SCHEMA, Report
 from slurmhealth.report.layout import (
     PAST_COLUMNS,
@@ -64,8 +65,8 @@ def to_json(report: Report) -> dict[str, Any]:
         "schema": SCHEMA,
         "generated": utc(report.generated_ts),
         "job": {
-            **asdict(j),
-            "nodes": list(j.nodes),
+            **job_to_dict(j),
+            "nodes": list(j.node_names),
             "gpus": list(j.gpus),
             "start": utc(j.start_ts),
             "end": utc(j.end_ts),

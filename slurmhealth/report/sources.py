@@ -15,16 +15,26 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from slurmhealth import safe_read, trust
+from slurmhealth.access import safe_read, trust
 from slurmhealth.config import Config
-from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+from slurmhealth.diagnose.facts import Facts, NodeFacts, job_from_dict
 from slurmhealth.history import read
-from slurmhealth.report.collect import job_facts, node_facts
+from slurmhealth.model_records import Job
+from slurmhealth.summary.collect import job_facts, node_facts
 
 MAX_INCIDENTS = 10
-Summaries = Mapping[str, tuple[str, dict[str, Any]]]  # node -> (summary.json path, data)
+
+
+class Summary(NamedTuple):
+    """One node's ``summary.json``: where it lies, and what it says."""
+
+    path: str
+    data: dict[str, Any]
+
+
+Summaries = Mapping[str, Summary]  # by node
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,7 @@ class OpenHistory:
     nodes: list[str]  # nodes whose rows about the job this history holds
 
 
-def merge_job(a: JobFacts | None, b: JobFacts) -> JobFacts:
+def merge_job(a: Job | None, b: Job) -> Job:
     """Fill what ``a`` lacks from ``b`` (each node knows part: start on one, end on another).
 
     A requeued job has attempts one after the other (a node whose prolog failed ran its
@@ -79,15 +89,15 @@ def merge_job(a: JobFacts | None, b: JobFacts) -> JobFacts:
     return merged
 
 
-_OUTCOME = ("state", "exit_code", "end_ts", "nodes", "start_ts")
+_OUTCOME = ("state", "exit_code", "end_ts", "node_names", "start_ts")
 
 
-def _missing(a: JobFacts, b: JobFacts) -> dict[str, Any]:
+def _missing(a: Job, b: Job) -> dict[str, Any]:
     """What ``b`` knows that ``a`` does not."""
     return {k: v for k, v in vars(b).items() if v not in (None, "", ()) and not getattr(a, k)}
 
 
-def _after(later: JobFacts, earlier: JobFacts) -> bool:
+def _after(later: Job, earlier: Job) -> bool:
     """``later`` started after ``earlier`` had ended: another attempt of a requeued job."""
     return bool(later.start_ts and earlier.end_ts and later.start_ts >= earlier.end_ts)
 
@@ -107,9 +117,9 @@ def evidence_root(cfg: Config, node: str) -> str:
 
 def summaries(
     cfg: Config, job_id: str, tampered: dict[str, str] | None = None
-) -> dict[str, tuple[str, dict[str, Any]]]:
+) -> dict[str, Summary]:
     """Every node's ``summary.json`` of the job in the shared evidence dir, by node: only
-    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.trust`);
+    those their bundle's root-written manifest vouches for (:mod:`slurmhealth.access.trust`);
     the others go to ``tampered`` (path -> why) and are not used."""
     out = {}
     pattern = os.path.join(evidence_root(cfg, "*"), job_id, "*", "summary.json")
@@ -118,7 +128,7 @@ def summaries(
         if why is not None and tampered is not None:
             tampered[path] = why
         if isinstance(data, dict) and data.get("node"):
-            out[str(data["node"])] = (path, data)
+            out[str(data["node"])] = Summary(path, data)
     return out
 
 
@@ -129,7 +139,7 @@ def _owner(db: read.Reader, job_id: str) -> int | None:
         return None
 
 
-def _summary_job(job_id: str, found: Summaries) -> JobFacts | None:
+def _summary_job(job_id: str, found: Summaries) -> Job | None:
     job = None
     for _path, data in found.values():
         if isinstance(data.get("job"), dict):
@@ -137,14 +147,14 @@ def _summary_job(job_id: str, found: Summaries) -> JobFacts | None:
                 extra = {**data["job"], "job_id": job_id}
                 extra["nodes"] = tuple(extra.get("nodes") or ())
                 extra["gpus"] = tuple(extra.get("gpus") or ())
-                job = merge_job(job, JobFacts(**extra))
+                job = merge_job(job, job_from_dict(extra))
     return job
 
 
 @dataclass
 class _Scan:
     job_id: str
-    job: JobFacts | None = None
+    job: Job | None = None
     owner: int | None = None
     dbs: list[OpenHistory] = field(default_factory=list)
     unreadable: dict[str, str] = field(default_factory=dict)
@@ -166,13 +176,13 @@ class _Scan:
         self.job = self.job if row is None else merge_job(self.job, row)
         self.owner = owner
 
-    def nodes(self, extra: JobFacts | None) -> tuple[str, ...]:
-        return (*(self.job.nodes if self.job else ()), *(extra.nodes if extra else ()))
+    def nodes(self, extra: Job | None) -> tuple[str, ...]:
+        return (*(self.job.node_names if self.job else ()), *(extra.node_names if extra else ()))
 
 
 def scan(
     cfg: Config, job_id: str, found: Summaries
-) -> tuple[JobFacts | None, int | None, list[OpenHistory], dict[str, str]]:
+) -> tuple[Job | None, int | None, list[OpenHistory], dict[str, str]]:
     """The job row and owner from the histories of this node and of the job's nodes (its
     node list from a history or a summary), which nodes each one holds, and the histories
     that could not be read (path -> why: corrupt, not a history, no access). Every other
@@ -196,7 +206,7 @@ def scan(
 
 
 def read_nodes(
-    cfg: Config, job: JobFacts, dbs: list[OpenHistory], found: Summaries
+    cfg: Config, job: Job, dbs: list[OpenHistory], found: Summaries
 ) -> tuple[list[NodeFacts], list[tuple[str, str, str]], list[NodeEvidence]]:
     """Per node its live history when one holds it, else its summary.json."""
     live: dict[str, OpenHistory] = {}
@@ -204,7 +214,7 @@ def read_nodes(
         for node in d.nodes:
             live.setdefault(node, d)
     chosen: list[tuple[str, str, str, NodeFacts | None]] = []  # node, source, path, facts
-    for node in dict.fromkeys([*job.nodes, *sorted(live), *sorted(found)]):
+    for node in dict.fromkeys([*job.node_names, *sorted(live), *sorted(found)]):
         summary = _node_summary(found, node)
         if node in live and summary and _unchanged(live[node].path, job.job_id, node, summary):
             # the epilog's precomputed facts of exactly these history rows

@@ -33,8 +33,8 @@ from collections import deque
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.checks.counters import History, remember, window_of
+from slurmhealth.checks import CheckContext, run_checks, window_of
+from slurmhealth.checks.counters import History, remember
 from slurmhealth.checks.straggler import PEERS_BUSY_PCT, peer_medians, stragglers
 from slurmhealth.config import Config
 from slurmhealth.model import Finding, GpuState, NodeSnapshot, Severity, XidEvent

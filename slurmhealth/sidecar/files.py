@@ -25,7 +25,7 @@ class SidecarFiles:
 
     @classmethod
     def of(cls, cfg: Config, node: str, job_id: str) -> SidecarFiles:
-        from slurmhealth.export_state import state_path
+        from slurmhealth.metrics.export_state import state_path
 
         run = cfg.expand(cfg.paths.run_dir, node)
         return cls(

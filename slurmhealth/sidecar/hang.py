@@ -22,7 +22,7 @@ def capture_in_background(
         import pwd
 
         from slurmhealth.evidence.capture import capture
-        from slurmhealth.procs import job_pids
+        from slurmhealth.sidecar.procs import job_pids
 
         try:
             uid = pwd.getpwnam(labels.user).pw_uid if labels.user else None

@@ -23,8 +23,8 @@ from dataclasses import asdict
 from typing import Any
 
 from slurmhealth.config import Config
-from slurmhealth.export_state import sidecar_alive as _is_our_sidecar
-from slurmhealth.export_state import write_atomic
+from slurmhealth.metrics.export_state import sidecar_alive as _is_our_sidecar
+from slurmhealth.metrics.export_state import write_atomic
 from slurmhealth.model_records import Job
 from slurmhealth.sidecar.files import SidecarFiles, make_job_dir, release_job_dir
 
@@ -96,14 +96,14 @@ def _until_recognisable(proc: subprocess.Popen[bytes], job_id: str) -> None:
 def _record_death(cfg: Config, node: str, job_id: str, pid: int) -> None:
     """A ``sidecar_died`` event: its pid file is there, its process is not (SIGKILL, OOM
     killer, a crash). Writing it also ingests what the dead sidecar had buffered."""
-    from slurmhealth.history import Batch, History
+    from slurmhealth.history import History, records
 
     message = f"sidecar {pid} died while the job ran (killed or crashed)"
     log.warning("job %s node %s: %s", job_id, node, message)
     row = {"ts": time.time(), "node": node, "job_id": job_id, "kind": "sidecar_died",
            "severity": "warn", "message": message}  # fmt: skip
     with History.for_node(cfg, node, busy_timeout_ms=1000) as history:
-        history.write(Batch(inserts=[("events", row)]))
+        history.write(records.batch([records.event(row)]))
 
 
 def job_sidecars(job_id: str, run_dir: str, proc: str = "/proc") -> list[int]:
@@ -242,8 +242,8 @@ def publish_final(cfg: Config, job: Job, gpus: Iterable[Mapping[str, Any]]) -> b
     """Serve the finished job's per-GPU stats (``gpus``: as ``NodeFacts.to_dict()`` holds
     them) through the node's exporter for ``metrics.final_linger_s`` (final_series); whether
     they were published. Never raises."""
-    from slurmhealth.export_state import encode_families, remove_expired_finals, write_final
-    from slurmhealth.final_series import families
+    from slurmhealth.metrics.export_state import encode_families, remove_expired_finals, write_final
+    from slurmhealth.metrics.final_series import families
 
     mc = cfg.metrics
     gpus = list(gpus)

@@ -2,7 +2,7 @@
 
 The ranks' ``NCCL_DEBUG=INFO`` files (``[evidence] nccl_globs``) are read from their start
 (NCCL logs its network and channels at communicator set-up) every ``POLL_S``, through the
-one NCCL reader (:func:`slurmhealth.nccl_log.read_facts`), until it says which transport
+one NCCL reader (:func:`slurmhealth.diagnose.nccl_log.read_facts`), until it says which transport
 carries the job's inter-node traffic, or ``GIVE_UP_S`` passed. Sockets on a job of several
 nodes become one ``nccl_socket`` event, at once: a warning when the job did not ask for
 them, information when it did (``NCCL_IB_DISABLE=1``, ``NCCL_NET=Socket``), so an alert can
@@ -52,7 +52,7 @@ class NcclWatch:
             return []
 
     def _poll(self, now: float) -> list[Event]:
-        from slurmhealth.nccl_log import read_facts
+        from slurmhealth.diagnose.nccl_log import read_facts
 
         facts = read_facts(line for text in self._texts() for line in text.splitlines())
         if facts.inter_node_transport is None:

@@ -4,7 +4,7 @@ The epilog stops a job's sidecar; this is the fallback when no epilog comes (slu
 restarted, the epilog timed out before reaching us). Signs of the job here, any one is
 enough: its cgroup (``job_<id>`` under the cgroup v2 ``slurmstepd.scope`` or a v1
 controller's ``slurm/uid_*/``), a ``slurmstepd: [<id>.<step>]`` process, or a process with
-``SLURM_JOB_ID=<id>`` in its environment (:func:`slurmhealth.procs.job_pids`).
+``SLURM_JOB_ID=<id>`` in its environment (:func:`slurmhealth.sidecar.procs.job_pids`).
 
 A job seen running and then gone for two checks in a row has ended. A job never seen has
 ended once ``sidecar.unseen_grace_s`` has passed since the sidecar started: a job that ended
@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
-from slurmhealth.procs import job_pids
+from slurmhealth.sidecar.procs import job_pids
 
 log = logging.getLogger("slurmhealth.sidecar")
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth.checks import CheckContext, catalog, run_check
-from slurmhealth.checks.counters import History, remember, window_of
+from slurmhealth.checks import CheckContext, catalog, run_check, window_of
+from slurmhealth.checks.counters import History, remember
 from slurmhealth.checks.network import rdma_counters_of
-from slurmhealth.metrics import RDMA_ERROR_COUNTERS
+from slurmhealth.metrics.job_series import RDMA_ERROR_COUNTERS
 from slurmhealth.model import NodeSnapshot
 from slurmhealth.sidecar.state import Event
 
@@ -116,7 +116,7 @@ def exports_rdma(mode: str, nodes: str) -> bool:
     node (or whose node list cannot be read) exports them only with ``all``."""
     if mode in ("all", "none"):
         return mode == "all"
-    from slurmhealth.slurm_base import HostlistError, expand_hostlist
+    from slurmhealth.slurm.base import HostlistError, expand_hostlist
 
     try:
         return len(expand_hostlist(nodes)) > 1

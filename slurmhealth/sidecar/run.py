@@ -2,7 +2,7 @@
 
 Every ``sidecar.interval_s`` it snapshots the job's GPUs, swaps a fresh
 :class:`ExportState` in, publishes the job's series as a state file that the node's one
-scrape target (``slurmhealth exporter``) serves (:mod:`slurmhealth.export_state`), feeds the
+scrape target (``slurmhealth exporter``) serves (:mod:`slurmhealth.metrics.export_state`), feeds the
 detectors, and batches samples and events into the node's history. It exits on SIGTERM
 (final flush), or by itself once the job it saw running has no process left on the node, or
 never showed one in ``sidecar.unseen_grace_s`` (:mod:`slurmhealth.sidecar.presence`;
@@ -19,24 +19,35 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from slurmhealth.checks.mig import only_instances
 from slurmhealth.config import Config
 from slurmhealth.errors import StoreError
-from slurmhealth.history import Batch, History, rows
+from slurmhealth.history import History, records, rows
 from slurmhealth.model import XidEvent, normalize_pci_bus_id
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.sidecar.files import SidecarFiles, write_atomic
 from slurmhealth.sidecar.hang import capture_in_background
 from slurmhealth.sidecar.rdma import exports_rdma
 from slurmhealth.sidecar.state import Event
-from slurmhealth.stopflag import StopFlag
+from slurmhealth.sidecar.stopflag import StopFlag
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start the sidecar
+    from slurmhealth.gpu import GpuBackend
+    from slurmhealth.kernel_log import KernelLogReader
     from slurmhealth.model import NodeSnapshot
     from slurmhealth.model_records import TaskStats
+    from slurmhealth.rdma.model import RdmaSnapshot
     from slurmhealth.sidecar.detectors import Detectors
+    from slurmhealth.sidecar.rdma import RdmaWatch
+
+
+class Presence(Protocol):
+    """Whether the job still has a process on this node (``sidecar.presence.JobPresence``)."""
+
+    def ended(self) -> bool: ...
+
 
 log = logging.getLogger("slurmhealth.sidecar")
 
@@ -83,9 +94,10 @@ class Sidecar:
         self._history: History | None = None
         self._why_stopped = "job gone"
         self._sampling = False  # a SIGTERM before the first snapshot ends the process at once
-        self._rdma_state: Any = None  # the judged ports last read; False: reading failed
+        # the judged ports last read; False: reading failed
+        self._rdma_state: RdmaSnapshot | bool | None = None
         self._rdma_series = exports_rdma(cfg.metrics.rdma_series, labels.nodes)
-        from slurmhealth.metrics import SidecarCollector
+        from slurmhealth.metrics.job_series import SidecarCollector
 
         mc = cfg.metrics
         self._collector = SidecarCollector(self.state, mode=mc.mode,
@@ -109,7 +121,7 @@ class Sidecar:
     def _publish(self) -> None:
         """The job's series, as the exporter will serve them; a failure is logged once and
         the sidecar carries on (its history and detectors do not depend on it)."""
-        from slurmhealth.export_state import UnsafeDir, encode, write_state
+        from slurmhealth.metrics.export_state import UnsafeDir, encode, write_state
 
         try:
             data = encode(self._collector.collect(), self.labels.job_id, os.getpid(), time.time())
@@ -138,9 +150,9 @@ class Sidecar:
         history = self._history
         history.busy_timeout_ms = busy_timeout_ms
         if self._pending_samples or self._pending_events:
-            batch = Batch(
-                inserts=[("samples", r) for r in self._pending_samples]
-                + [("events", r) for r in self._pending_events]
+            batch = records.batch(
+                [records.sample(r) for r in self._pending_samples]
+                + [records.event(r) for r in self._pending_events]
             )
             self._pending_samples, self._pending_events = [], []
             if not history.buffer(batch):  # no room for the buffer: straight to the db
@@ -266,14 +278,14 @@ class Sidecar:
             self.cleanup()
             backend.close()
 
-    def _rdma_watch(self) -> Any:
+    def _rdma_watch(self) -> RdmaWatch | None:
         """The RDMA ports' sampler and detector; None (nothing of it loaded) unless
         ``[rdma]`` is enabled and the node shows RDMA devices."""
         from slurmhealth.sidecar import rdma
 
         return rdma.RdmaWatch(self.cfg, self.node) if rdma.configured(self.cfg, self.node) else None
 
-    def _rdma_step(self, watch: Any, snapshot: NodeSnapshot) -> list[Event]:
+    def _rdma_step(self, watch: RdmaWatch | None, snapshot: NodeSnapshot) -> list[Event]:
         """One read of the RDMA ports (once per interval): their series for the next
         publish, their events now. A failed read is logged once and judged nothing."""
         if watch is None:
@@ -291,7 +303,7 @@ class Sidecar:
         self._rdma_state = job_ports(read, watch.expect)
         return events
 
-    def _open_and_announce(self) -> Any:
+    def _open_and_announce(self) -> GpuBackend:
         """The GPU backend, once the sidecar's files say it runs; on a failure (a full disk)
         nothing is left behind."""
         from slurmhealth.gpu import open_backend
@@ -305,7 +317,7 @@ class Sidecar:
             raise
         return backend
 
-    def _kernel_log(self, backend: Any) -> tuple[Any, Any]:
+    def _kernel_log(self, backend: GpuBackend) -> tuple[KernelLogReader, Any]:
         """The kernel-log reader of the sidecar and where to start: the epilog's cursor
         (read-only here: the epilog owns it)."""
         from slurmhealth.kernel_log import KernelLogReader
@@ -325,7 +337,7 @@ class Sidecar:
                         self.labels.job_id, exc, self.interval * 2)  # fmt: skip
             return klog, None
 
-    def _job_ended(self, presence: Any) -> bool:
+    def _job_ended(self, presence: Presence) -> bool:
         if not presence.ended():
             return False
         log.info("job %s has no process left here: sidecar exits", self.labels.job_id)
@@ -376,7 +388,7 @@ class Sidecar:
 
         capture_in_background(self.cfg, self.labels, self.node, self.gpus, kinds)
 
-    def _watch_xids(self, backend: Any, queue: list[XidEvent]) -> None:
+    def _watch_xids(self, backend: GpuBackend, queue: list[XidEvent]) -> None:
         while not self._stop.is_set():
             try:
                 xids = backend.wait_xid(1.0)

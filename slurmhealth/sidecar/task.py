@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from slurmhealth import safe_read
+from slurmhealth.access import safe_read
 from slurmhealth.model_records import TaskStats
 from slurmhealth.sidecar.files import sweep, truncate
 

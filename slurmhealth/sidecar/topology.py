@@ -13,7 +13,7 @@ def node_topology(cfg: Config, *, strict: bool = True) -> dict[str, Any]:
     """The first table whose hostlist names this node, validated; ``strict=False`` (the
     sidecar, whose prolog already refused a bad table): a bad table is no override."""
     from slurmhealth.checks.sku import node_override
-    from slurmhealth.slurm_base import expand_hostlist
+    from slurmhealth.slurm.base import expand_hostlist
 
     source = cfg.sources.get("gpu.topology", "config")
     try:

@@ -216,13 +216,12 @@ def _drains(
 
 
 def _record_drain(cfg: Config, node: str, row: Mapping[str, Any], sweep_id: str) -> None:
-    from slurmhealth.history import History
-    from slurmhealth.history.batch import Batch
+    from slurmhealth.history import History, records
     from slurmhealth.history.rows import drain_row
 
     try:
         with History.for_node(cfg, node) as history:
-            history.write(Batch(inserts=[("drains", drain_row(
+            history.write(records.batch([records.drain(drain_row(
                 time.time(), node, str(row["state"]), str(row["reason"]), "slurmhealth sweep",
                 {"note": row["detail"], "sweep": sweep_id}))]))  # fmt: skip
     except (StoreError, OSError) as exc:

@@ -2,7 +2,7 @@
 waited for with one ``squeue`` call per poll, cancelled when they outstay their deadline,
 their output files read back (no symlinks, regular files only, size-capped).
 
-Slurm's command formats stay in ``slurm.py``/``slurm_batch.py``; this module only says when
+Slurm's command formats stay in ``slurm/`` (``slurm/batch.py``); this module only says when
 to call them. Clocks are passed in, so the waiting is tested without sleeping.
 """
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from slurmhealth.report.admin_comment import decode
+from slurmhealth.summary.admin_comment import decode
 from tests.integration.conftest import Cluster
 from tests.integration.test_report import GPU5_OFF_THE_BUS_ON_N2, _as_user, _needs_user_python
 from tests.integration.test_sidecar import Fleet

@@ -253,8 +253,8 @@ def test_optout_skips_checks_and_is_recorded(healthy: Cluster) -> None:
 
 
 def test_pyslurm_backend_matches_the_cli_backend(healthy: Cluster) -> None:
-    from slurmhealth import slurm_pyslurm
     from slurmhealth.slurm import SlurmCli
+    from slurmhealth.slurm import pyslurm_backend as slurm_pyslurm
 
     why = slurm_pyslurm.unavailable()
     if why is not None:

@@ -8,7 +8,7 @@ import json
 import subprocess
 import time
 
-from slurmhealth.report.admin_comment import decode
+from slurmhealth.summary.admin_comment import decode
 from tests.integration.conftest import Cluster
 
 WITHIN_S = 30.0  # the acceptance: AdminComment in sacct this long after the job's end

@@ -9,7 +9,7 @@ prolog drains n1 with slurmhealth's reason, Slurm requeues the job (not failed, 
 completes on n2, the epilog records it, and ``slurmhealth report`` answers. With slurmdbd over
 MariaDB in the root, a failed job's summary reaches ``sacct`` (AdminComment) after the job
 completed, with no EpilogSlurmctld. The Slurm adapter
-(slurmhealth/slurm.py) reads 24.11's real sinfo, squeue and scontrol output.
+(slurmhealth/slurm/__init__.py) reads 24.11's real sinfo, squeue and scontrol output.
 
 Root only; about a minute with a cached root, a few more without: marked slow."""
 
@@ -238,7 +238,7 @@ def test_slurm_24_11_stores_a_failed_jobs_summary_in_sacct_after_it_completed(
 ) -> None:
     """No EpilogSlurmctld: the job's first node writes its summary through slurmdbd
     (``sacctmgr modify job``) after the job has completed, and 24.11's sacct shows it."""
-    from slurmhealth.report.admin_comment import decode
+    from slurmhealth.summary.admin_comment import decode
 
     conf = node.run("scontrol show config").stdout
     # 22.05 prints "EpilogSlurmctld = (null)", 24.11 no line at all ("EpilogSlurmctld[0]" if set)
@@ -281,7 +281,7 @@ print(json.dumps({
 
 
 def test_slurm_adapter_reads_24_11_output_and_the_prolog_env_opt_out(node: SlurmNode) -> None:
-    """slurm.py's formats on 24.11's own sinfo, squeue, scontrol and listpids output; the
+    """slurm/__init__.py's formats on 24.11's own sinfo, squeue, scontrol and listpids output; the
     opt-out token arrives in the prolog's environment (SLURM_JOB_EXTRA, new since 23.x)."""
     node.run("scontrol update NodeName=n1 State=RESUME")  # ours: the first test drained it
     sub = node.run("sbatch --parsable -N1 -w n2 --gres=gpu:8 --comment='needs a|pipe' "

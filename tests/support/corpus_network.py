@@ -172,10 +172,11 @@ def nccl_cases() -> list[NcclCase]:
 def judge_nccl(case: NcclCase) -> set[str]:
     """The NCCL-related rules the diagnosis of ``case`` names."""
     from slurmhealth.diagnose.engine import diagnose
-    from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+    from slurmhealth.diagnose.facts import Facts, NodeFacts
+    from slurmhealth.model_records import Job
 
     nodes = tuple(f"n{i + 1}" for i in range(case.nodes))
-    job = JobFacts("1", nodes=nodes, state="completed", exit_code="0:0")
+    job = Job("1", node_names=nodes, state="completed", exit_code="0:0")
     facts = Facts(job, (NodeFacts("n1", logs={"nccl": case.text}),))
     return {d.rule for d in diagnose(facts)} & set(NCCL_RULES)
 

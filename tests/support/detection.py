@@ -33,7 +33,7 @@ from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, run_hook
 from slurmhealth.kernel_log import format_kmsg_record
 from slurmhealth.model import Finding, Severity, normalize_pci_bus_id
-from slurmhealth.slurm import JobInfo, NodeInfo
+from slurmhealth.slurm import Job, NodeInfo
 from tests.support.recording_slurm import RecordingSlurm
 from tests.support.sim_config import hook_flags
 
@@ -271,7 +271,7 @@ class SimNode:
         if phase == "prolog":
             self.jobs += 1
             job_id = str(1000 + self.jobs)
-            self.slurm.jobs[job_id] = JobInfo(job_id, user="alice", account="physics")
+            self.slurm.jobs[job_id] = Job(job_id, user="alice", account="physics")
         job_id = str(1000 + self.jobs)
         env = {
             "SLURM_JOB_ID": job_id,

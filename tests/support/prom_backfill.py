@@ -12,8 +12,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from slurmhealth.export_state import merged
-from slurmhealth.metrics import SidecarCollector, render
+from slurmhealth.metrics.export_state import merged
+from slurmhealth.metrics.job_series import SidecarCollector, render
 from slurmhealth.model_records import ExportState
 from tests.prometheus_util import promtool
 

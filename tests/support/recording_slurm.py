@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-from slurmhealth.slurm import JobInfo, NodeInfo, SlurmError
+from slurmhealth.slurm import Job, NodeInfo, SlurmError
 
 JOB = "4242"
 CTLD_DOWN = "Unable to contact slurm controller (connect failure)"
@@ -32,7 +32,7 @@ class RecordingSlurm:
         self.fail = set(fail)  # method names that raise SlurmError
         self.drains: list[tuple[str, str]] = []
         self.resumes: list[str] = []
-        self.jobs = {JOB: JobInfo(JOB, user="alice", account="physics", qos="normal")}
+        self.jobs = {JOB: Job(JOB, user="alice", account="physics", qos="normal")}
         self.clock = clock
 
     def _maybe_fail(self, call: str) -> None:
@@ -53,7 +53,7 @@ class RecordingSlurm:
         self._maybe_fail("resume")
         self.table[node] = NodeInfo(node, "idle")
 
-    def job(self, job_id: str) -> JobInfo | None:
+    def job(self, job_id: str) -> Job | None:
         self._maybe_fail("job")
         return self.jobs.get(job_id)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from slurmhealth.checks import CheckContext, counters, run_checks
+from slurmhealth.checks import CheckContext, counters, run_checks, window_of
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.scenario import load_scenario
 from slurmhealth.gpu.sim import SimulatedNvml
@@ -21,7 +21,7 @@ SHORT_WINDOW = {"nvlink_errors": {"min_window_s": 1.0, "min_count": 1}}
 def findings_since(first: NodeSnapshot, second: NodeSnapshot) -> list[Finding]:
     """The check catalog on ``second`` with counter rates measured since ``first``: the one
     place these tests build rate evidence."""
-    history = counters.remember(counters.load(None), first, counters.window_of(SHORT_WINDOW))
+    history = counters.remember(counters.load(None), first, window_of(SHORT_WINDOW))
     return run_checks(CheckContext(snapshot=second, counter_history=history), SHORT_WINDOW)
 
 

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 from typing import Any
 
 from slurmhealth.diagnose.engine import diagnose, verdict
-from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
-from slurmhealth.report import admin_comment as ac
+from slurmhealth.diagnose.facts import Facts, GpuStats, NodeFacts
+from slurmhealth.model_records import Job
 from slurmhealth.report.answer import answer
 from slurmhealth.report.efficiency import efficiency
+from slurmhealth.summary import admin_comment as ac
 
 T0 = 1_800_000_000.0
 
@@ -34,7 +35,7 @@ def _report(n_nodes: int, bad_per_node: int) -> Any:
                   ) if bad_per_node else ()  # fmt: skip
         gpus = tuple(GpuStats(gpu=g, samples=10, util_mean=90.0) for g in range(8))
         nodes.append(NodeFacts(node=name, findings=findings, drains=drains, gpus=gpus))
-    job = JobFacts(job_id="42", user="alice", nodes=tuple(n.node for n in nodes),
+    job = Job(job_id="42", user="alice", node_names=tuple(n.node for n in nodes),
                    start_ts=T0, end_ts=T0 + 600, state="failed", exit_code="1:0")  # fmt: skip
     facts = Facts(job=job, nodes=tuple(nodes))
     diags = diagnose(facts)

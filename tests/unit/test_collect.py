@@ -6,8 +6,8 @@ from pathlib import Path
 
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
-from slurmhealth.report.collect import node_facts
 from slurmhealth.slurm import expand_hostlist
+from slurmhealth.summary.collect import node_facts
 
 
 def _swings(tmp_path: Path, values: list[float], step: float = 10.0) -> int:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth import config_ranges
 from slurmhealth.config import Config, load_config
-from slurmhealth.config_ranges import RANGES, wrapper_timeout
+from slurmhealth.config import ranges as config_ranges
+from slurmhealth.config.ranges import RANGES, wrapper_timeout
 from slurmhealth.errors import ConfigError
 from tests.conftest import run_cli
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from slurmhealth.checks import CheckContext, catalog, run_checks
-from slurmhealth.checks.counters import counters_of, load, pack, remember, window_of
+from slurmhealth.checks import CheckContext, catalog, run_checks, window_of
+from slurmhealth.checks.counters import counters_of, load, pack, remember
 from slurmhealth.model import Action, Finding, GpuState, Severity
 from tests.unit.test_checks import TS, healthy_gpu, node, of, only, with_link
 

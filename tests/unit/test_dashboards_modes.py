@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from slurmhealth.exposition import serve
-from slurmhealth.metrics import SidecarCollector
-from slurmhealth.node_metrics import node_families
+from slurmhealth.metrics.exposition import serve
+from slurmhealth.metrics.job_series import SidecarCollector
+from slurmhealth.metrics.node import node_families
 from tests.prometheus_util import query, start_prometheus
 from tests.unit.test_prometheus_rules import (
     DCGM_FIXTURE,

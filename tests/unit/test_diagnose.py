@@ -15,8 +15,9 @@ from slurmhealth.checks.straggler import PEERS_BUSY_PCT, RATIO, stragglers
 from slurmhealth.checks.xid_table import classify
 from slurmhealth.diagnose import engine
 from slurmhealth.diagnose.engine import diagnose, fill, load_rules, verdict
-from slurmhealth.diagnose.facts import Diagnosis, Facts, GpuStats, JobFacts, NodeFacts, TaskFacts
+from slurmhealth.diagnose.facts import Diagnosis, Facts, GpuStats, NodeFacts, TaskFacts
 from slurmhealth.errors import ConfigError
+from slurmhealth.model_records import Job
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 RULES_FILE = Path(engine.__file__).with_name("rules.toml")
@@ -57,7 +58,7 @@ def node(name: str = "n1", **kw: Any) -> NodeFacts:
 def facts(*nodes: NodeFacts, state: str = "completed", exit_code: str = "0:0") -> Facts:
     nodes = nodes or (node(),)
     names = tuple(n.node for n in nodes)
-    job = JobFacts(job_id="42", nodes=names, gpus=tuple(range(8)), start_ts=T0 - 3600,
+    job = Job(job_id="42", node_names=names, gpus=tuple(range(8)), start_ts=T0 - 3600,
                    end_ts=T0 + 60, state=state, exit_code=exit_code)  # fmt: skip
     return Facts(job=job, nodes=nodes)
 
@@ -370,7 +371,7 @@ def test_failed_job_headline_is_the_application_error_despite_warnings() -> None
 
 
 def test_job_level_rule_without_nodes() -> None:
-    f = Facts(job=JobFacts(job_id="9", state="FAILED", exit_code="1:0"))
+    f = Facts(job=Job(job_id="9", state="FAILED", exit_code="1:0"))
     ds = diagnose(f)
     assert [(d.rule, d.node, d.gpu) for d in ds] == [("application_error", None, None)]
     assert ds[0].citations[0].text == "job 9: state failed, exit 1:0"
@@ -530,7 +531,7 @@ _node = st.builds(
     task=_task,
     logs=st.dictionaries(st.sampled_from(["stderr", "nccl", "kernel", "stacks"]), _odd),
 )
-_job = st.builds(JobFacts, job_id=_odd, state=_odd, exit_code=_odd, nodes=_odd.map(lambda x: ()))
+_job = st.builds(Job, job_id=_odd, state=_odd, exit_code=_odd, node_names=_odd.map(lambda x: ()))
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])

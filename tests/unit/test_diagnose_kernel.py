@@ -9,10 +9,11 @@ import pytest
 
 from slurmhealth.checks import CheckContext, catalog
 from slurmhealth.diagnose.engine import diagnose, verdict
-from slurmhealth.diagnose.facts import Diagnosis, Facts, JobFacts, NodeFacts
+from slurmhealth.diagnose.facts import Diagnosis, Facts, NodeFacts
 from slurmhealth.kernel_log import parse_xid
 from slurmhealth.kernel_log.patterns import parse_events
 from slurmhealth.model import Finding, GpuState, NodeSnapshot
+from slurmhealth.model_records import Job
 
 T0 = 1_700_000_000.0  # 22:13:20Z
 BUSES = ["18", "2a", "3a", "5d", "9a", "ab", "b3", "db"]  # GPU i sits at 0000:<BUSES[i]>:00.0
@@ -57,7 +58,7 @@ def _row(i: int, node: str, f: Finding) -> dict[str, Any]:
 
 def report(lines: list[str], **node_kw: Any) -> tuple[list[Diagnosis], Facts]:
     n = NodeFacts(node="n1", findings=epilog_findings(lines), **node_kw)
-    job = JobFacts(job_id="42", nodes=("n1",), state="failed", exit_code="1:0", end_ts=T0 + 9)
+    job = Job(job_id="42", node_names=("n1",), state="failed", exit_code="1:0", end_ts=T0 + 9)
     f = Facts(job=job, nodes=(n,))
     return diagnose(f), f
 
@@ -94,7 +95,7 @@ def test_gsp_timeout_without_an_xid_names_the_gpu() -> None:
 def test_gsp_timeout_in_the_kernel_tail_alone_names_the_node() -> None:
     line = "[ 9843.308145] NVRM: _kgspLogXid119: ****************** GSP Timeout ******************"
     n = NodeFacts(node="n1", logs={"kernel": f"[ 9843.1] usb 1-1: new device\n{line}\n"})
-    ds = diagnose(Facts(job=JobFacts(job_id="42", nodes=("n1",)), nodes=(n,)))
+    ds = diagnose(Facts(job=Job(job_id="42", node_names=("n1",)), nodes=(n,)))
     d = only_severe(ds)
     assert (d.rule, d.node, d.gpu) == ("gsp_timeout", "n1", None)
     assert [(c.kind, c.text) for c in d.citations] == [("log", line)]
@@ -158,4 +159,4 @@ def test_faults_logged_before_a_rebuilt_position_are_not_the_jobs() -> None:
         for r in epilog_findings([XID79, *FALLEN])
     )
     n = NodeFacts(node="n1", findings=rows)
-    assert diagnose(Facts(job=JobFacts(job_id="42", nodes=("n1",)), nodes=(n,))) == []
+    assert diagnose(Facts(job=Job(job_id="42", node_names=("n1",)), nodes=(n,))) == []

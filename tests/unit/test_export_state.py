@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from slurmhealth import export_state as es
-from slurmhealth.exposition import render
 from slurmhealth.history import Batch, History, rows
-from slurmhealth.metrics import SidecarCollector
-from slurmhealth.node_metrics import NodeFacts, node_families, read_fail_opens, read_history
+from slurmhealth.metrics import export_state as es
+from slurmhealth.metrics.exposition import render
+from slurmhealth.metrics.job_series import SidecarCollector
+from slurmhealth.metrics.node import NodeFacts, node_families, read_fail_opens, read_history
 from slurmhealth.sidecar.presence import JobPresence, job_present
 from tests.unit.test_metrics import state
 
@@ -109,7 +109,7 @@ def test_a_finished_jobs_stats_are_served_for_their_linger_then_expire(
 ) -> None:
     """done-<id>.json (the epilog's published stats): served without a live sidecar while
     younger than linger_s, then listed as expired; the next publish removes the old ones."""
-    from slurmhealth.final_series import families
+    from slurmhealth.metrics.final_series import families
     from slurmhealth.model_records import Job
 
     def done(job: str, ts: float) -> None:

@@ -144,7 +144,7 @@ def test_job_series_come_and_go_within_one_interval(node: Node) -> None:
 
 
 def test_a_hung_sidecars_series_go_once_its_file_is_two_intervals_old(node: Node) -> None:
-    from slurmhealth.export_state import stale_after
+    from slurmhealth.metrics.export_state import stale_after
 
     hung = node.sidecar("603")
     promql = 'slurmhealth_gpu_up{job_id="603"}'
@@ -169,8 +169,8 @@ def test_a_finished_jobs_published_stats_are_scraped_read_back_and_then_removed(
     removes the file once it is older than final_linger_s."""
     from slurmhealth.config import load_config
     from slurmhealth.diagnose.facts import GpuStats
-    from slurmhealth.export_state import encode_families, final_path, write_final
-    from slurmhealth.final_series import families
+    from slurmhealth.metrics.export_state import encode_families, final_path, write_final
+    from slurmhealth.metrics.final_series import families
     from slurmhealth.model_records import Job
     from slurmhealth.report.prometheus import PromSource
     from slurmhealth.sidecar.lifecycle import publish_final
@@ -214,8 +214,8 @@ def test_stopping_the_exporter_takes_its_textfile_away(node: Node) -> None:
 
 
 def test_a_config_that_stops_loading_keeps_the_last_good_one(tmp_path: Path) -> None:
+    from slurmhealth.agent.exporter import ConfigWatch
     from slurmhealth.config import load_config
-    from slurmhealth.exporter import ConfigWatch
 
     path = tmp_path / "config.toml"
     path.write_text('[metrics]\nport = 9451\n[paths]\nrun_dir = "/run/x"\n')
@@ -230,7 +230,7 @@ def test_a_config_that_stops_loading_keeps_the_last_good_one(tmp_path: Path) -> 
 
 
 def test_the_textfile_goes_only_into_a_directory_not_everyone_can_write(tmp_path: Path) -> None:
-    from slurmhealth.exporter import write_textfile
+    from slurmhealth.agent.exporter import write_textfile
 
     ok, open_dir = tmp_path / "ok", tmp_path / "open"
     ok.mkdir()

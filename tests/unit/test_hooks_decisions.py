@@ -25,7 +25,7 @@ from slurmhealth.history import Batch, History
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.hooks.resume import resume
-from slurmhealth.slurm import REASON_PREFIX, JobInfo, NodeInfo
+from slurmhealth.slurm import REASON_PREFIX, Job, NodeInfo
 from tests.support.db_rows import table_rows
 from tests.support.recording_slurm import CTLD_DOWN, JOB, RecordingSlurm
 from tests.support.sim_config import hook_flags
@@ -192,7 +192,7 @@ def test_circuit_breaker_undoes_a_drain_that_lost_the_race(tmp_path: Path) -> No
 def test_job_opted_out_is_skipped_without_touching_the_gpus(tmp_path: Path) -> None:
     cfg = _config(tmp_path, "nvlink-down")
     slurm = RecordingSlurm(_cluster())
-    slurm.jobs[JOB] = JobInfo(JOB, user="alice", comment="benchmark slurmhealth=off")
+    slurm.jobs[JOB] = Job(JOB, user="alice", comment="benchmark slurmhealth=off")
 
     def no_gpu(timeout_s: float) -> GpuBackend:
         raise AssertionError("an opted-out job must not open the GPUs")

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
-from slurmhealth.report.collect import job_facts
 from slurmhealth.slurm import MAX_HOSTS, HostlistError, expand_hostlist
+from slurmhealth.summary.collect import job_facts
 
 
 @pytest.mark.parametrize(
@@ -137,4 +137,4 @@ def test_report_job_facts_survive_a_stored_node_list_no_one_can_expand(tmp_path:
     finally:
         reader.close()
     assert facts is not None
-    assert (facts.account, facts.qos, facts.partition, facts.nodes) == ("", "", "gpu", ("n1",))
+    assert (facts.account, facts.qos, facts.partition, facts.node_names) == ("", "", "gpu", ("n1",))

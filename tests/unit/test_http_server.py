@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from slurmhealth.config_sections import MetricsConfig
-from slurmhealth.http_server import BoundedServer, listen
+from slurmhealth.config.sections import MetricsConfig
+from slurmhealth.metrics.http_server import BoundedServer, listen
 
 HALF_OPEN = 1000
 
@@ -203,8 +203,8 @@ def test_a_web_config_that_is_wrong_is_refused_with_its_key(
 ) -> None:
     pytest.importorskip("yaml")
     pytest.importorskip("bcrypt")
-    from slurmhealth import web_config
     from slurmhealth.errors import ConfigError
+    from slurmhealth.metrics import web_config
 
     path = tmp_path / "web.yml"
     path.write_text(text)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth import final_series
-from slurmhealth.export_state import encode, merged
-from slurmhealth.metrics import SidecarCollector
+from slurmhealth.metrics import final_series
+from slurmhealth.metrics.export_state import encode, merged
+from slurmhealth.metrics.job_series import SidecarCollector
 from slurmhealth.model_records import ExportState
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
 from tests.unit.test_metrics import state

@@ -12,7 +12,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from slurmhealth.config import Config
-from slurmhealth.metrics import (
+from slurmhealth.metrics.job_series import (
     GPU_LABELS,
     INFO_LABELS,
     JOB_LABELS,
@@ -20,10 +20,10 @@ from slurmhealth.metrics import (
     SidecarCollector,
     render,
 )
+from slurmhealth.metrics.series_labels import GPU_INFO_LABELS
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job, TaskStats
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
-from slurmhealth.series_labels import GPU_INFO_LABELS
 from slurmhealth.sidecar.rdma import exports_rdma
 from tests.prometheus_util import promtool
 

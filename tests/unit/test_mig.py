@@ -20,7 +20,7 @@ from slurmhealth.gpu.sim import SimulatedNvml
 from slurmhealth.history import Batch, History
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
-from slurmhealth.metrics import SidecarCollector
+from slurmhealth.metrics.job_series import SidecarCollector
 from slurmhealth.model import NodeSnapshot
 from slurmhealth.model_records import ExportState, Job
 from tests.conftest import run_cli

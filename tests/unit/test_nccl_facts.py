@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.diagnose.engine import diagnose
-from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
+from slurmhealth.diagnose.facts import Facts, NodeFacts
+from slurmhealth.diagnose.nccl_log import NcclFacts, read_facts
 from slurmhealth.evidence.summary import bundle_nccl
-from slurmhealth.nccl_log import NcclFacts, read_facts
+from slurmhealth.model_records import Job
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 
@@ -26,7 +27,7 @@ def real(name: str) -> list[str]:
 
 def job(n_nodes: int, *nodes: NodeFacts) -> Facts:
     names = tuple(f"n{i + 1}" for i in range(n_nodes))
-    return Facts(JobFacts("77", nodes=names, state="completed", exit_code="0:0"), nodes)
+    return Facts(Job("77", node_names=names, state="completed", exit_code="0:0"), nodes)
 
 
 def rules(f: Facts) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """NCCL_DEBUG=INFO transport lines: which transport each channel used, and the two verdicts
 (intra-node traffic off NVLink/P2P, inter-node traffic on sockets). Lines follow the formats
-NCCL 2.4 to 2.2x print (see slurmhealth/nccl_log.py), with made-up hosts and ranks."""
+NCCL 2.4 to 2.2x print (see slurmhealth/diagnose/nccl_log.py), with made-up hosts and ranks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurmhealth import nccl_log
-from slurmhealth.nccl_log import INTER_SOCKET, INTRA_SLOW, classify, parse, parse_channel
+from slurmhealth.diagnose import nccl_log
+from slurmhealth.diagnose.nccl_log import INTER_SOCKET, INTRA_SLOW, classify, parse, parse_channel
 
 
 def line(host: str, pid: int, dev: int, msg: str) -> str:

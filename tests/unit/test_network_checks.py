@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from slurmhealth.checks import PHASES, CheckContext, run_checks
-from slurmhealth.checks.counters import load, pack, remember, window_of
+from slurmhealth.checks import PHASES, CheckContext, run_checks, window_of
+from slurmhealth.checks.counters import load, pack, remember
 from slurmhealth.checks.network import rdma_counters_of
 from slurmhealth.config import load_config
 from slurmhealth.errors import ConfigError

@@ -23,7 +23,7 @@ from slurmhealth.history import History
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
 from slurmhealth.rdma import simtree
-from slurmhealth.report.build import build_report
+from slurmhealth.report.gather import build_report
 from slurmhealth.slurm import REASON_PREFIX
 from tests.support.recording_slurm import JOB, RecordingSlurm
 from tests.support.sim_config import hook_flags, sidecar_config, sidecar_env

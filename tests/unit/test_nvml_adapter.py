@@ -16,8 +16,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.checks.counters import load, remember, window_of
+from slurmhealth.checks import CheckContext, run_checks, window_of
+from slurmhealth.checks.counters import load, remember
 from slurmhealth.errors import GpuBackendError
 from slurmhealth.gpu.nvml import NvmlBackend
 from slurmhealth.gpu.scenario import SUPPORT_GROUPS

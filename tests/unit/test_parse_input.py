@@ -8,9 +8,9 @@ import pytest
 
 from slurmhealth.cli.history import parse_since
 from slurmhealth.cli.report import parse_window
+from slurmhealth.config.timeparse import duration_s, since_ts
 from slurmhealth.errors import UsageError
 from slurmhealth.model import parse_gpu_list
-from slurmhealth.timeparse import duration_s, since_ts
 
 NOW = 1_700_000_000.0
 
@@ -66,3 +66,17 @@ def test_cli_edges_turn_unreadable_text_into_usage_errors() -> None:
     for bad in ("0", "0s", "soon"):
         with pytest.raises(UsageError, match="--window"):
             parse_window(bad)
+
+
+@pytest.mark.parametrize("text", ["8", "8.", "1.5m", " 2 s ", "0.5h"])
+def test_one_duration_grammar_for_the_cli_and_the_wrappers_timeouts(text: str) -> None:
+    """What an operator may type for ``--since`` is what the hook wrappers hand timeout(1)
+    (SLURMHEALTH_PROLOG_TIMEOUT), and both read it to the same seconds."""
+    from slurmhealth.config.ranges import wrapper_timeout
+
+    seconds = duration_s(text)
+    assert seconds is not None and seconds > 0
+    assert wrapper_timeout({"SLURMHEALTH_PROLOG_TIMEOUT": text}, "prolog") == (
+        seconds,
+        "SLURMHEALTH_PROLOG_TIMEOUT",
+    )

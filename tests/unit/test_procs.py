@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from slurmhealth.procs import job_pids
+from slurmhealth.sidecar.procs import job_pids
 
 
 def test_finds_the_jobs_python_processes_only() -> None:

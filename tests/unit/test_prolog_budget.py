@@ -23,7 +23,7 @@ from slurmhealth.history import History
 from slurmhealth.hooks.budget import Budget, prolog_budget
 from slurmhealth.hooks.job import job_from_env
 from slurmhealth.hooks.prolog import Adapters, HookResult, run_hook
-from slurmhealth.slurm import JobInfo, SlurmError
+from slurmhealth.slurm import Job, SlurmError
 from tests.unit.test_hooks_decisions import (
     JOB,
     NODE,
@@ -242,7 +242,7 @@ def test_config_refuses_a_budget_the_wrapper_would_cut(
 def test_opted_out_job_after_a_slow_squeue_is_still_recorded(tmp_path: Path) -> None:
     clock = FakeClock()
     slurm = SlowSlurm(clock, {"job": 0.5})
-    slurm.jobs[JOB] = JobInfo(JOB, user="alice", comment="slurmhealth=off")
+    slurm.jobs[JOB] = Job(JOB, user="alice", comment="slurmhealth=off")
     result = _prolog(tmp_path, "nvlink-down", slurm, Budget(BUDGET_S, clock=clock))
     assert (result.exit_code, result.status) == (0, "skipped")
     (run,) = _rows(tmp_path / "history.db", "check_runs")

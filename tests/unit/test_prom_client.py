@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from slurmhealth import prom_client
 from slurmhealth.errors import PrometheusError
-from slurmhealth.prom_client import PromClient
+from slurmhealth.metrics import prom_client
+from slurmhealth.metrics.prom_client import PromClient
 
 VECTOR = {"status": "success", "data": {"resultType": "vector", "result": [
     {"metric": {"node": "n1", "gpu": "0"}, "value": [1.0, "0.5"]},

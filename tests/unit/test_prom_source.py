@@ -1,5 +1,5 @@
 """Per-GPU stats from a real Prometheus (``report.prometheus.PromSource``) equal, within 1 %,
-what the report computes from the node histories (``report.collect``) for the same samples:
+what the report computes from the node histories (``summary.collect``) for the same samples:
 the acceptance of "per-GPU stats within 1% of the full report" from any login node.
 
 One job on 2 nodes x 4 GPUs, 400 samples 10 s apart: each snapshot goes into the node's
@@ -21,17 +21,17 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
 from slurmhealth.errors import PrometheusError, UsageError
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import Reader
 from slurmhealth.history.rows import sample_rows
+from slurmhealth.metrics import final_series
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot, NvLink
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.report import prometheus
-from slurmhealth.report.collect import node_facts
 from slurmhealth.report.prometheus import PromSource
+from slurmhealth.summary.collect import node_facts
 from tests.prometheus_util import free_port, start_prometheus
 from tests.support.prom_backfill import (
     backfill,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from slurmhealth import final_series
 from slurmhealth.diagnose.facts import GpuStats
+from slurmhealth.metrics import final_series
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.report.prometheus import PromSource

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from slurmhealth.exposition import serve
 from slurmhealth.history.node_queries import DrainInForce, LastCheck
-from slurmhealth.metrics import SidecarCollector
+from slurmhealth.metrics.exposition import serve
+from slurmhealth.metrics.job_series import SidecarCollector
+from slurmhealth.metrics.node import NodeFacts, node_families
 from slurmhealth.model_records import TaskStats
-from slurmhealth.node_metrics import NodeFacts, node_families
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
 from tests.prometheus_util import (
     answers,

@@ -27,7 +27,7 @@ from slurmhealth.hooks import remediate as rem
 from slurmhealth.hooks.healthcheck import run_healthcheck
 from slurmhealth.hooks.prolog import Adapters
 from slurmhealth.hooks.remediate_plan import plan_fleet
-from slurmhealth.node_metrics import NodeFacts, node_families, read_history
+from slurmhealth.metrics.node import NodeFacts, node_families, read_history
 from slurmhealth.slurm import NodeInfo
 from tests.support.recording_slurm import RecordingSlurm
 from tests.support.sim_config import hook_flags
@@ -266,11 +266,12 @@ def test_dry_run_lists_the_planned_action_of_each_node(tmp_path: Path) -> None:
 
 def test_the_report_of_the_job_that_met_the_fault_names_the_repair(tmp_path: Path) -> None:
     """The epilog of job 4242 drained the node; its report lists what remediation did."""
-    from slurmhealth.diagnose.facts import Facts, JobFacts
+    from slurmhealth.diagnose.facts import Facts
     from slurmhealth.history import Batch, rows
     from slurmhealth.history.read import Reader
+    from slurmhealth.model_records import Job
     from slurmhealth.report.answer import admin_done
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.summary.collect import node_facts
 
     cfg = _config(tmp_path, "reset")
     finding = {"check": "row_remap", "gpu": 4, "action": "reset", "message": "remap pending"}
@@ -285,7 +286,7 @@ def test_the_report_of_the_job_that_met_the_fault_names_the_repair(tmp_path: Pat
         facts = node_facts(db, "4242", NODE)
     assert [(r["action"], r["outcome"]) for r in facts.remediations] == [
         ("reset", "ok"), ("validate", "ok"), ("resume", "resumed")]  # fmt: skip
-    done, _ = admin_done(Facts(JobFacts("4242"), (facts,)))
+    done, _ = admin_done(Facts(Job("4242"), (facts,)))
     assert any(line.startswith("n1: remediation reset: ok at ") for line in done), done
 
 

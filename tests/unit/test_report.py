@@ -22,7 +22,8 @@ from slurmhealth.diagnose.facts import GpuStats, NodeFacts
 from slurmhealth.errors import UsageError
 from slurmhealth.history import Batch, History
 from slurmhealth.history.rows import sample_columns
-from slurmhealth.report.build import PermissionDenied, Report, build_report
+from slurmhealth.report.build import Report
+from slurmhealth.report.gather import PermissionDenied, build_report
 from slurmhealth.report.html import to_html
 from slurmhealth.report.render import print_report, to_json, to_markdown
 
@@ -333,7 +334,7 @@ def test_merges_three_nodes_history_preferred(cluster: Path) -> None:
         "normal",
         4242,
     )
-    assert j.nodes == ("n1", "n2", "n3") and j.gpus == tuple(range(8))
+    assert j.node_names == ("n1", "n2", "n3") and j.gpus == tuple(range(8))
     assert (j.start_ts, j.end_ts, j.state, j.exit_code) == (T0, END, "failed", "0:9")
     n2 = {g.gpu: g for g in r.nodes[1].gpus}
     assert n2[5].util_min == 0.0 and n2[4].util_min == 91.0
@@ -532,7 +533,7 @@ def test_cli_errors(cluster: Path) -> None:
 
 def test_current_summary_stands_in_for_history_stale_one_does_not(cluster: Path) -> None:
     from slurmhealth.history.read import Reader
-    from slurmhealth.report.collect import node_facts
+    from slurmhealth.summary.collect import node_facts
 
     with Reader(cluster / "db" / "n1.db") as db:
         facts = node_facts(db, "42", "n1")

@@ -15,12 +15,13 @@ import pytest
 from slurmhealth.access import AccessDenied
 from slurmhealth.config import Config, load_config
 from slurmhealth.diagnose.engine import diagnose, verdict
-from slurmhealth.diagnose.facts import Facts, JobFacts, NodeFacts
-from slurmhealth.report import admin_comment
+from slurmhealth.diagnose.facts import Facts, NodeFacts
+from slurmhealth.model_records import Job
 from slurmhealth.report.answer import answer
-from slurmhealth.report.build import build_report
 from slurmhealth.report.efficiency import efficiency
+from slurmhealth.report.gather import build_report
 from slurmhealth.slurm import SlurmCli
+from slurmhealth.summary import admin_comment
 
 T0 = 1_796_156_844
 REASON = "slurmhealth: gpu_lost gpu5 GPU is lost (fallen off the bus) [Xid 79]"
@@ -46,10 +47,10 @@ def _stored() -> str:
         NodeFacts("n3"),
     )
     facts = Facts(
-        JobFacts(
+        Job(
             "7",
             user="u",
-            nodes=("n1", "n2", "n3"),
+            node_names=("n1", "n2", "n3"),
             state="failed",
             exit_code="3:0",
             start_ts=T0,
@@ -99,7 +100,7 @@ def test_a_job_only_accounting_knows_gets_the_stored_verdict_and_slurmdbds_drain
     assert report.verdict.startswith("GPU 5 on n2 fell off the bus (Xid 79)")
     assert report.answer is not None and report.answer.fault_class == "hardware"
     assert "--exclude=n2" in report.answer.user_action
-    assert report.job.nodes == ("n1", "n2", "n3") and report.job.time_limit_s == 3600
+    assert report.job.node_names == ("n1", "n2", "n3") and report.job.time_limit_s == 3600
     drains = {nf.node: [d["reason"] for d in nf.drains] for nf in report.nodes}
     assert drains == {"n1": [], "n2": [REASON], "n3": []}  # yesterday's n3 drain is not it
     assert {s for _n, s, _p in report.sources} == {"accounting", "summary", "node events"}

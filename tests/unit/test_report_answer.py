@@ -16,9 +16,11 @@ from rich.console import Console
 
 from slurmhealth.cli.options import Ctx
 from slurmhealth.cli.report import report as report_command
-from slurmhealth.diagnose.facts import Facts, GpuStats, JobFacts, NodeFacts
-from slurmhealth.report.build import Report, build_report
+from slurmhealth.diagnose.facts import Facts, GpuStats, NodeFacts
+from slurmhealth.model_records import Job
+from slurmhealth.report.build import Report
 from slurmhealth.report.efficiency import efficiency
+from slurmhealth.report.gather import build_report
 from slurmhealth.report.html import to_html
 from slurmhealth.report.plots import nice_ticks, time_ticks
 from slurmhealth.report.render import print_report, to_json, to_markdown
@@ -112,7 +114,7 @@ def test_healthy_job_with_idle_gpus_says_so(tmp_path: Path) -> None:
 def test_efficiency_time_and_memory_against_what_was_asked() -> None:
     gpus = tuple(GpuStats(gpu=i, util_mean=80.0 if i else 1.0, mem_peak_bytes=40 * 2**30,
                           mem_total_bytes=80 * 2**30) for i in range(4))  # fmt: skip
-    job = JobFacts(job_id="5", start_ts=0.0, end_ts=3600.0, time_limit_s=4 * 3600.0)
+    job = Job(job_id="5", start_ts=0.0, end_ts=3600.0, time_limit_s=4 * 3600.0)
     lines = efficiency(Facts(job=job, nodes=(NodeFacts(node="g1", gpus=gpus),))).lines
     assert lines == (
         "GPU utilisation: mean 60% over 4 GPU(s) on 1 node(s) (g1 60%)",

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth.report.build import Report, build_report
+from slurmhealth.report.build import Report
+from slurmhealth.report.gather import build_report
 from slurmhealth.report.html import to_html
 from tests.support.skips import unavailable
 from tests.unit.report_jobs import day_job

@@ -22,7 +22,7 @@ PROBE = """
 import json, resource, sys
 from slurmhealth.config import load_config
 from slurmhealth.history import reader
-from slurmhealth.report.build import build_report
+from slurmhealth.report.gather import build_report
 
 live, opened, peak = set(), [], [0]
 connect, close = reader.Reader.connection, reader.Reader.close
@@ -39,7 +39,7 @@ reader.Reader.connection, reader.Reader.close = connection, closing
 cfg = load_config(sys.argv[1], env={})
 resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), int(sys.argv[2])))
 r = build_report(cfg, "42")
-print(json.dumps({"peak": peak[0], "opened": sorted(set(opened)), "nodes": list(r.job.nodes),
+print(json.dumps({"peak": peak[0], "opened": sorted(set(opened)), "nodes": list(r.job.node_names),
                   "incidents": [[i.job_id, i.node, i.gpu] for i in r.past_incidents]}))
 """
 

@@ -1,4 +1,4 @@
-"""The one reader for files a job's user could have touched (slurmhealth/safe_read.py), and
+"""The one reader for files a job's user could have touched (slurmhealth/access/safe_read.py), and
 a grep of the package that keeps every other read of such a path going through it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmhealth import safe_read
+from slurmhealth.access import safe_read
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slurmhealth"
 
@@ -18,9 +18,12 @@ PACKAGE = Path(__file__).resolve().parents[2] / "slurmhealth"
 # (a path no job's user can write: root's own folders, /proc, sysfs, the caller's own
 # files). A new one must go through safe_read (or user_open) or be added here with a reason.
 PLAIN_OPEN_ALLOWED: dict[str, tuple[int, str]] = {
-    "procs.py": (2, "/proc/PID/environ and cmdline: the kernel's files"),
-    "config.py": (1, "the config file: root's system config, or a user's own as that user"),
-    "export_state.py": (2, "/proc cmdline; pid files in the root-owned run dir"),
+    "sidecar/procs.py": (2, "/proc/PID/environ and cmdline: the kernel's files"),
+    "config/__init__.py": (
+        1,
+        "the config file: root's system config, or a user's own as that user",
+    ),
+    "metrics/export_state.py": (2, "/proc cmdline; pid files in the root-owned run dir"),
     "report/incidents.py": (2, "incident files root writes in its own root-owned folder"),
     "cli/report.py": (1, "the output file the caller names, written with the caller's rights"),
     "cli/baseline.py": (1, "a benchmark output the caller names, read with the caller's rights"),
@@ -37,7 +40,7 @@ PLAIN_OPEN_ALLOWED: dict[str, tuple[int, str]] = {
     "evidence/capture.py": (1, "/proc/uptime, /proc/loadavg, /proc/driver/nvidia/version"),
     "evidence/kernel.py": (2, "/proc/uptime; an fd already opened"),
     "kernel_log/sources.py": (2, "the kernel log files root's config names"),
-    "web_config.py": (1, "the exporter's web-config file root's config names"),
+    "metrics/web_config.py": (1, "the exporter's web-config file root's config names"),
     "gpu/imex.py": (1, "/proc/PID/comm (the kernel's files)"),
     "agent/client.py": (3, "the hook's config (root's), root's log file, /proc/PID/cmdline"),
     "hooks/finish.py": (3, "root's log file; journal entries in the root-only (0700) run dir"),
@@ -46,7 +49,7 @@ PLAIN_OPEN_ALLOWED: dict[str, tuple[int, str]] = {
 }
 # where the files a job's user can touch are read: no builtin open() at all
 USER_FACING = ("report/sources.py", "report/build.py", "evidence/summary.py",
-               "evidence/bundle.py", "evidence/sources.py", "trust.py", "sidecar/task.py",
+               "evidence/bundle.py", "evidence/sources.py", "access/trust.py", "sidecar/task.py",
                "sidecar/files.py")  # fmt: skip
 
 
@@ -63,12 +66,14 @@ def test_no_plain_open_where_a_users_file_may_be_read() -> None:
         if lines:
             found[str(path.relative_to(PACKAGE))] = lines
     for module in USER_FACING:
-        assert module not in found, f"{module}:{found.get(module)}: use slurmhealth.safe_read"
+        assert module not in found, (
+            f"{module}:{found.get(module)}: use slurmhealth.access.safe_read"
+        )
     unexpected = {m: lines for m, lines in found.items()
                   if len(lines) > PLAIN_OPEN_ALLOWED.get(m, (0, ""))[0]}  # fmt: skip
     assert not unexpected, (
         f"plain open() at {unexpected}: read a path a job's user may touch with "
-        "slurmhealth.safe_read (or user_open), or list it in PLAIN_OPEN_ALLOWED with why"
+        "slurmhealth.access.safe_read (or user_open), or list it in PLAIN_OPEN_ALLOWED with why"
     )
 
 

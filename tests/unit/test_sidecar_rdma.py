@@ -11,7 +11,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from slurmhealth.config import Config, load_config
-from slurmhealth.metrics import RDMA_ERROR_COUNTERS, SidecarCollector
+from slurmhealth.metrics.job_series import RDMA_ERROR_COUNTERS, SidecarCollector
 from slurmhealth.model import Severity
 from slurmhealth.model_records import ExportState, Job
 from slurmhealth.rdma import simtree

@@ -3,7 +3,7 @@ event -P``, with SLURM_TIME_FORMAT=%s), as Slurm 22.05 and 24.11 print it."""
 
 from __future__ import annotations
 
-from slurmhealth.slurm_acct import parse_events, parse_sacct
+from slurmhealth.slurm.acct import parse_events, parse_sacct
 
 # verified on this machine's Slurm 22.05.8 (the same fields and order in 24.11)
 SACCT = (
@@ -19,7 +19,7 @@ def test_a_failed_three_node_job() -> None:
     assert job.node_names == ("n1", "n2", "n3")
     assert (job.state, job.exit_code) == ("failed", "3:0")
     assert (job.start_ts, job.end_ts, job.time_limit_s) == (1796156844.0, 1796156853.0, 3600.0)
-    assert job.gpus == 24 and job.admin_comment == "sh1:abc"
+    assert job.gpu_count == 24 and job.admin_comment == "sh1:abc"
 
 
 def test_variants_unlimited_cancelled_running_requeued_and_typed_gres() -> None:
@@ -31,7 +31,7 @@ def test_variants_unlimited_cancelled_running_requeued_and_typed_gres() -> None:
     job = parse_sacct("8", out)  # a requeued job: the last run wins
     assert job is not None
     assert job.node_names == ("g01", "g02") and job.state == "cancelled"
-    assert job.end_ts is None and job.time_limit_s is None and job.gpus == 16
+    assert job.end_ts is None and job.time_limit_s is None and job.gpu_count == 16
     assert job.admin_comment == "note | with a bar"
 
 
@@ -42,7 +42,7 @@ def test_other_jobs_lines_and_garbage_are_not_the_job() -> None:
     bad = "7|u|a|p|q|n[1-|FAILED|x:y|soon|later|-5|gres/gpu=lots|\n"
     job = parse_sacct("7", bad)
     assert job is not None and job.node_names == () and job.exit_code is None
-    assert job.start_ts is None and job.time_limit_s is None and job.gpus is None
+    assert job.start_ts is None and job.time_limit_s is None and job.gpu_count is None
 
 
 def test_drain_events_of_the_jobs_nodes_oldest_first() -> None:

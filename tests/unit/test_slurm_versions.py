@@ -1,4 +1,4 @@
-"""slurm.py's readers on output captured from real Slurm of both versions the project meets:
+"""slurm/'s readers on output captured from real Slurm of both versions the project meets:
 22.05.8 (Debian 12, the local cluster) and 24.11.5 (Debian 13, tests/package's trixie root,
 where tests/package/test_trixie_slurm.py also runs them live). What differs is written next
 to the lines."""

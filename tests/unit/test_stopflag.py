@@ -7,7 +7,7 @@ import signal
 import threading
 import time
 
-from slurmhealth.stopflag import StopFlag
+from slurmhealth.sidecar.stopflag import StopFlag
 
 
 def test_a_signal_wakes_a_long_wait_at_once() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from slurmhealth.slurm import BatchJob, SlurmError
-from slurmhealth.slurm_batch import parse_job_states, parse_sbatch, parse_topology, sbatch_argv
+from slurmhealth.slurm.batch import parse_job_states, parse_sbatch, parse_topology, sbatch_argv
 from slurmhealth.sweep.ingest import baseline_rows, results_of, sections
 from slurmhealth.sweep.model import Planned
 

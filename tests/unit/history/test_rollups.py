@@ -18,7 +18,7 @@ from slurmhealth.history.read import Reader
 from slurmhealth.history.retention import Retention
 from slurmhealth.history.rollups import BUCKET_S, HIST_WIDTH
 from slurmhealth.history.schema import MIGRATIONS, latest_version
-from slurmhealth.report.collect import node_facts
+from slurmhealth.summary.collect import node_facts
 from tests.unit.history.helpers import query
 
 JOB, NODE, T0 = "77", "n1", 1_700_000_000.0

@@ -17,20 +17,19 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from slurmhealth.slurm_acct import (
+from slurmhealth.slurm.acct import (
     EVENT_FIELDS,
     SACCT_FIELDS,
-    AcctJob,
     NodeEvent,
     parse_events,
     parse_sacct,
 )
-from slurmhealth.slurm_base import (
+from slurmhealth.slurm.base import (
     MAX_HOSTS,
     MAX_REASON,
     REASON_PREFIX,
     HostlistError,
-    JobInfo,
+    Job,
     NodeInfo,
     SlurmBackend,
     SlurmError,
@@ -38,7 +37,7 @@ from slurmhealth.slurm_base import (
     expand_hostlist,
     null,
 )
-from slurmhealth.slurm_batch import (
+from slurmhealth.slurm.batch import (
     BatchJob,
     parse_job_states,
     parse_sbatch,
@@ -52,7 +51,7 @@ __all__ = [
     "REASON_PREFIX",
     "BatchJob",
     "HostlistError",
-    "JobInfo",
+    "Job",
     "NodeInfo",
     "SlurmBackend",
     "SlurmCli",
@@ -144,7 +143,7 @@ class SlurmCli:
         except SlurmError:
             return {}
 
-    def job(self, job_id: str) -> JobInfo | None:
+    def job(self, job_id: str) -> Job | None:
         """One ``squeue`` call; None when the job is unknown (already gone)."""
         try:
             out = self._run(["squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT])
@@ -154,7 +153,7 @@ class SlurmCli:
             raise
         return parse_job_line(job_id, out)
 
-    def jobs_on_node(self, node: str) -> dict[str, JobInfo]:
+    def jobs_on_node(self, node: str) -> dict[str, Job]:
         """Every job ``squeue`` lists on ``node``, in one call (the node agent's view, for
         the prologs of all of them); a job listed twice (a comment can hold a newline that
         fakes a line) is left out, so its prolog asks for it alone."""
@@ -162,7 +161,7 @@ class SlurmCli:
 
     # -- accounting (slurmdbd): parsed in slurm_acct.py -------------------------------------
 
-    def accounting_job(self, job_id: str) -> AcctJob | None:
+    def accounting_job(self, job_id: str) -> Job | None:
         """The job's record in slurmdbd (``sacct``); None when it has none."""
         argv = ["sacct", "-j", job_id, "-X", "-P", "-n", "-o", ",".join(SACCT_FIELDS)]
         return parse_sacct(job_id, self._run(argv, time_format="%s"))
@@ -270,10 +269,10 @@ def parse_show_job(out: str) -> dict[str, str]:
     return {k: v for k, v in record.items() if k not in twice}
 
 
-def parse_node_jobs(out: str) -> dict[str, JobInfo]:
+def parse_node_jobs(out: str) -> dict[str, Job]:
     """``squeue -h -w NODE -o NODE_JOBS_FORMAT`` output by job id; lines of another shape
     and job ids listed more than once are left out."""
-    found: dict[str, JobInfo | None] = {}
+    found: dict[str, Job | None] = {}
     for line in out.splitlines():
         job_id, sep, rest = line.partition("|")
         if not sep or not re.fullmatch(r"[0-9]{1,12}", job_id):
@@ -283,15 +282,15 @@ def parse_node_jobs(out: str) -> dict[str, JobInfo]:
     return {k: v for k, v in found.items() if v is not None}
 
 
-def parse_job_line(job_id: str, out: str) -> JobInfo | None:
-    """``squeue -h -j ID -o SQUEUE_FORMAT`` output as a :class:`JobInfo`; None when it is
+def parse_job_line(job_id: str, out: str) -> Job | None:
+    """``squeue -h -j ID -o SQUEUE_FORMAT`` output as a :class:`Job`; None when it is
     not one such line. ``(null)`` (an unset account, QOS, comment) becomes empty."""
     lines = out.strip().splitlines()
     parts = lines[0].split("|", 7) if lines else []
     if len(parts) != 8:
         return None
     user, account, partition, qos, prio, nodes, state, comment = (null(p) for p in parts)
-    return JobInfo(
+    return Job(
         job_id=job_id,
         user=user,
         account=account,
@@ -307,7 +306,7 @@ def parse_job_line(job_id: str, out: str) -> JobInfo | None:
 def open_slurm(backend: str = "cli", timeout_s: float = 5.0) -> SlurmBackend:
     """The configured backend; ``auto`` takes pyslurm only when it imports and matches."""
     if backend in ("pyslurm", "auto"):
-        from slurmhealth import slurm_pyslurm
+        from slurmhealth.slurm import pyslurm_backend as slurm_pyslurm
 
         reason = slurm_pyslurm.unavailable()
         if reason is None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from slurmhealth.slurm_base import HostlistError, JobInfo, expand_hostlist, null
+from slurmhealth.slurm.base import HostlistError, Job, expand_hostlist, null
 
 SACCT_FIELDS = (
     "JobIDRaw",
@@ -40,21 +40,6 @@ MAX_TEXT = 8192  # an AdminComment longer than this is not ours
 _WORD = re.compile(r"[A-Za-z_]+")
 _EXIT = re.compile(r"[0-9]{1,3}:[0-9]{1,3}")
 _GPUS = re.compile(r"(?:^|,)gres/gpu(?::[^=,]*)?=([0-9]{1,6})(?:,|$)")
-
-
-@dataclass(frozen=True)
-class AcctJob(JobInfo):
-    """One job as slurmdbd knows it (``nodes``: its hostlist as Slurm prints it;
-    ``state``: lower case, first word: completed, failed, cancelled, node_fail, ...). Times
-    are UTC seconds."""
-
-    node_names: tuple[str, ...] = ()  # ``nodes`` expanded
-    exit_code: str | None = None  # "exit:signal"
-    start_ts: float | None = None
-    end_ts: float | None = None
-    time_limit_s: float | None = None
-    gpus: int | None = None  # GPUs allocated over the job (AllocTRES gres/gpu)
-    admin_comment: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,7 +80,7 @@ def _short(text: str, cap: int = 256) -> str:
     return "".join(ch for ch in null(text) if ch.isprintable())[:cap]
 
 
-def parse_sacct(job_id: str, out: str) -> AcctJob | None:
+def parse_sacct(job_id: str, out: str) -> Job | None:
     """``sacct -j ID -X -P -n -o SACCT_FIELDS`` output as the job's record; the last line of
     that job id wins (a requeued job's latest run); None when no line has that shape."""
     found = None
@@ -106,7 +91,7 @@ def parse_sacct(job_id: str, out: str) -> AcctJob | None:
         _, user, account, part, qos, nodes, state, code, start, end, limit, tres, comment = parts
         words = _WORD.findall(state)
         gpus = _GPUS.search(null(tres))
-        found = AcctJob(
+        found = Job(
             job_id=job_id,
             user=_short(user, 64),
             account=_short(account, 64),
@@ -119,7 +104,7 @@ def parse_sacct(job_id: str, out: str) -> AcctJob | None:
             start_ts=_ts(start),
             end_ts=_ts(end),
             time_limit_s=_minutes(limit),
-            gpus=int(gpus.group(1)) if gpus else None,
+            gpu_count=int(gpus.group(1)) if gpus else None,
             admin_comment=comment.strip() if len(comment) <= MAX_TEXT else "",
         )
     return found

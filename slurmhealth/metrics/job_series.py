@@ -28,12 +28,17 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from slurmhealth.exposition import CONTENT_TYPE, render, serve
-from slurmhealth.mig_series import mig_families
+from slurmhealth.metrics.exposition import CONTENT_TYPE, render, serve
+from slurmhealth.metrics.mig_series import mig_families
+from slurmhealth.metrics.series_labels import (
+    GPU_INFO,
+    GPU_INFO_LABELS,
+    JOB_LABEL_MODES,
+    SeriesLabels,
+)
 from slurmhealth.model import CLOCK_EVENT_REASONS, GpuState, GpuStatus
 from slurmhealth.model_records import GPU_LABELS, JOB_LABELS, ExportState, Job, job_label_values
 from slurmhealth.rdma.model import ERROR_COUNTERS
-from slurmhealth.series_labels import GPU_INFO, GPU_INFO_LABELS, JOB_LABEL_MODES, SeriesLabels
 
 __all__ = ["CONTENT_TYPE", "GPU_LABELS", "JOB_LABELS", "SidecarCollector", "render", "serve"]
 

@@ -40,8 +40,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from slurmhealth.metrics.series_labels import SeriesLabels
 from slurmhealth.model_records import Job, job_label_values
-from slurmhealth.series_labels import SeriesLabels
 
 STAT = "slurmhealth_job_gpu_stat"
 THROTTLE = "slurmhealth_job_gpu_throttle_seconds"

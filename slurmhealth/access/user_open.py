@@ -5,7 +5,7 @@ Root following a user's path can be pointed anywhere: a job's NCCL-log folder ma
 symlink to a root-only folder would have root list it. So the names are expanded (globs)
 and opened by a short-lived child that runs as the job's uid, gid and groups; the child
 hands the open file descriptors back over a Unix socket (``SCM_RIGHTS``) and the parent
-checks each with :func:`slurmhealth.safe_read.check_fd` before reading (regular file, the
+checks each with :func:`slurmhealth.access.safe_read.check_fd` before reading (regular file, the
 job's uid, at most a cap). Whatever the user could not open, the child cannot either.
 
 The child is a fresh interpreter (``subprocess``, no fork of a threaded process), bounded
@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from slurmhealth.safe_read import OPEN_FLAGS
+from slurmhealth.access.safe_read import OPEN_FLAGS
 
 MAX_MSG = 8192
 PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")  # tried when ours is not runnable

@@ -2,7 +2,7 @@
 
 A small long-running process (deploy/systemd/slurmhealth-exporter.service). On each scrape
 it reads the node's state (history, fail-open log, sidecars) and every running job's series
-from the sidecars' state files (:mod:`slurmhealth.export_state`), so Prometheus needs only
+from the sidecars' state files (:mod:`slurmhealth.metrics.export_state`), so Prometheus needs only
 the node list. With ``metrics.textfile_dir`` it also (or only, with ``metrics.port = 0``)
 rewrites ``slurmhealth.prom`` there every ``metrics.textfile_interval_s`` for
 node_exporter's textfile collector.
@@ -30,11 +30,11 @@ from prometheus_client.registry import Collector
 
 from slurmhealth.config import Config
 from slurmhealth.errors import ConfigError
-from slurmhealth.export_state import Limits, merged, read_states, stale_after, write_atomic
-from slurmhealth.exposition import render
-from slurmhealth.http_server import listen
-from slurmhealth.node_metrics import NodeFacts, node_families, read_fail_opens, read_history
-from slurmhealth.stopflag import StopFlag
+from slurmhealth.metrics.export_state import Limits, merged, read_states, stale_after, write_atomic
+from slurmhealth.metrics.exposition import render
+from slurmhealth.metrics.http_server import listen
+from slurmhealth.metrics.node import NodeFacts, node_families, read_fail_opens, read_history
+from slurmhealth.sidecar.stopflag import StopFlag
 
 log = logging.getLogger("slurmhealth.exporter")
 TEXTFILE = "slurmhealth.prom"
@@ -151,7 +151,8 @@ def run(
         return 0
     stop = stop or StopFlag()
     stop.on_signals(signal.SIGTERM, signal.SIGINT)
-    server = listen(registry, mc) if mc.port else None  # bounded: slurmhealth/http_server.py
+    # bounded: slurmhealth/metrics/http_server.py
+    server = listen(registry, mc) if mc.port else None
     node_agent = _start_agent(watch) if agent else None
     log.info("exporter for node %s: port %s, textfile dir %r", cfg.node_name,
              mc.port or "none", textfile)  # fmt: skip

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_type_hints
 
-from slurmhealth.config_ranges import validate as validate_ranges
-from slurmhealth.config_sections import (
+from slurmhealth.config.ranges import validate as validate_ranges
+from slurmhealth.config.sections import (
     BaselineConfig,
     EvidenceConfig,
     HistoryConfig,

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from slurmhealth.slurm_base import HostlistError, SlurmError, expand_hostlist
+from slurmhealth.slurm.base import HostlistError, SlurmError, expand_hostlist
 
 
 @dataclass(frozen=True)

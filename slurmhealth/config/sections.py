@@ -65,7 +65,7 @@ class MetricsConfig:
     max_state_bytes: int = 8 * 1024 * 1024  # a job's state file, at most
     # where the hook wrappers record a fail-open (SLURMHEALTH_FAIL_OPEN_LOG in their env)
     fail_open_log: str = "/var/lib/slurmhealth/fail-open.log"
-    # the HTTP listener's bounds (slurmhealth/http_server.py, docs/threat-model.md)
+    # the HTTP listener's bounds (slurmhealth/metrics/http_server.py, docs/threat-model.md)
     header_timeout_s: float = 5.0  # a connection's request head within this of its accept
     max_connections: int = 512  # open at once; at the cap the oldest unfinished one goes
     max_requests: int = 40  # requests answered at once (node_exporter's --web.max-requests)

@@ -1,4 +1,7 @@
-"""Durations and points in time as operators type them (model layer: no I/O).
+"""Durations and points in time as operators type them (model layer: no I/O): the one
+duration grammar, timeout(1)'s (a number, a fraction allowed, then ``s``, ``m``, ``h`` or
+``d``; a bare number is seconds), for the CLI's options and the hook wrappers' timeouts
+(``config.ranges.wrapper_timeout``) alike.
 
 Both return ``None`` for text they cannot read; the caller names the option in its error.
 """
@@ -7,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*([smhd]?)", re.ASCII)
+_DURATION = re.compile(r"([0-9]+(?:\.[0-9]*)?)\s*([smhd]?)")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 

@@ -1,4 +1,4 @@
-"""Optional pyslurm backend behind :class:`slurmhealth.slurm_base.SlurmBackend`.
+"""Optional pyslurm backend behind :class:`slurmhealth.slurm.base.SlurmBackend`.
 
 pyslurm links against one Slurm release (PyPI carries it for Slurm 25.11); it is used only
 when it imports and its version matches the running Slurm (``scontrol --version``).
@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from slurmhealth.slurm_base import JobInfo, NodeInfo, SlurmError, clean_reason
+from slurmhealth.slurm.base import Job, NodeInfo, SlurmError, clean_reason
 
 
 def _slurm_version() -> str | None:
@@ -96,13 +96,13 @@ class PySlurmBackend:
             "StdErr": str(getattr(job, "standard_error", "") or ""),
         }
 
-    def job(self, job_id: str) -> JobInfo | None:
+    def job(self, job_id: str) -> Job | None:
         try:
             job = self._ps.Job.load(int(job_id))
         except Exception:
             return None
         prio = getattr(job, "priority", None)
-        return JobInfo(
+        return Job(
             job_id=job_id,
             user=str(getattr(job, "user_name", "") or ""),
             account=str(getattr(job, "account", "") or ""),

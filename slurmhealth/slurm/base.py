@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from slurmhealth.errors import SlurmhealthError, UsageError
+from slurmhealth.model_records import Job as Job  # the one job record: the backends make it
 
 REASON_PREFIX = "slurmhealth:"
 MAX_REASON = 200
@@ -51,21 +52,6 @@ class NodeInfo:
         return self.reason.startswith(REASON_PREFIX)
 
 
-@dataclass(frozen=True)
-class JobInfo:
-    """What the prolog does not get in its environment on older Slurm (``squeue -j``)."""
-
-    job_id: str
-    user: str = ""
-    account: str = ""
-    partition: str = ""
-    qos: str = ""
-    priority: int | None = None
-    nodes: str = ""
-    state: str = ""
-    comment: str = ""
-
-
 class SlurmBackend(Protocol):
     def nodes(self) -> list[NodeInfo]: ...
 
@@ -73,7 +59,7 @@ class SlurmBackend(Protocol):
 
     def resume(self, node: str) -> None: ...
 
-    def job(self, job_id: str) -> JobInfo | None: ...
+    def job(self, job_id: str) -> Job | None: ...
 
     def show_job(self, job_id: str) -> dict[str, str]: ...
 

@@ -21,6 +21,7 @@ import pwd
 import stat
 import tomllib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from slurmhealth.config import DEFAULT_CONFIG_PATH
 from slurmhealth.errors import UsageError
@@ -74,6 +75,27 @@ def caller_for_uid(uid: int) -> Caller:
 def is_admin(caller: Caller, rights: Rights) -> bool:
     """Root, or a member of the admin group named by the system config."""
     return caller.uid == 0 or (rights.admin_gid is not None and rights.admin_gid in caller.gids)
+
+
+class Owner(NamedTuple):
+    """Whom a job belongs to, as far as a reader can tell: its uid where one is recorded
+    (the decision), and a name for messages; both None: unknown (admins only)."""
+
+    uid: int | None
+    name: str | None
+
+
+def job_owner(uid: int | None = None, user: str | None = None) -> Owner:
+    """The job's owner from what its records say: a uid (the history's ``jobs`` row, the
+    ACL of the job's evidence folder) and a user name (Slurm's record, a bundle's
+    manifest). A uid without a name is named from the user database (``uid N`` when it
+    has no entry). Every access check asks this, then :func:`check_job`."""
+    name = user or None
+    if name is None and uid is not None:
+        name = f"uid {uid}"
+        with contextlib.suppress(KeyError):
+            name = pwd.getpwuid(uid).pw_name
+    return Owner(uid, name)
 
 
 def may_read_job(

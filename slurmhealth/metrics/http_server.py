@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from slurmhealth.config_sections import MetricsConfig
+    from slurmhealth.config.sections import MetricsConfig
 
 log = logging.getLogger("slurmhealth.exporter")
 
@@ -294,10 +294,10 @@ class _DroppedCollector(Collector):
 def listen(registry: CollectorRegistry, mc: MetricsConfig) -> BoundedServer:
     """The exporter's ``/metrics`` on ``metrics.bind``:``metrics.port`` within the
     ``[metrics]`` limits, with TLS and basic auth when ``metrics.web_config_file`` names a
-    web config (:mod:`slurmhealth.web_config`), served from a daemon thread; its drops
+    web config (:mod:`slurmhealth.metrics.web_config`), served from a daemon thread; its drops
     join ``registry``. Raises ConfigError for a web config that does not load."""
-    from slurmhealth import web_config
-    from slurmhealth.exposition import metrics_handler
+    from slurmhealth.metrics import web_config
+    from slurmhealth.metrics.exposition import metrics_handler
 
     limits = Limits(mc.header_timeout_s, mc.max_connections, mc.max_requests, mc.http_workers)
     web = web_config.load(mc.web_config_file) if mc.web_config_file else web_config.WebConfig()

@@ -109,7 +109,7 @@ def serve(registry: CollectorRegistry, bind: str, ports: Iterable[int]) -> Threa
     """Serve ``registry`` on ``/metrics`` (by :func:`render`: 4-6 ms for 8 GPUs, where
     prometheus_client's exposition takes ~20 ms) on the first port of ``ports`` that binds
     (0: any free port), in a daemon thread. The bound port is ``server.server_address[1]``.
-    The node's exporter uses :mod:`slurmhealth.http_server` instead (bounded)."""
+    The node's exporter uses :mod:`slurmhealth.metrics.http_server` instead (bounded)."""
     handler = metrics_handler(registry)
     tried = []
     for port in ports:

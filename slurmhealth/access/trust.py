@@ -6,7 +6,7 @@ vouches for every file's sha256; ``slurmhealth report`` uses a ``summary.json`` 
 the manifest lists exactly the bytes read, and the summary itself is a regular file of
 root's (or of this reader's, for a bundle a user wrote for themselves) that nobody else
 may write. Anything else is "tampered", with the reason, and the report falls back to the
-node's history. Every read goes through :mod:`slurmhealth.safe_read`: no symlink followed,
+node's history. Every read goes through :mod:`slurmhealth.access.safe_read`: no symlink followed,
 no FIFO waited on, at most ``SUMMARY_MAX`` bytes. (Shared by the evidence writers and the
 report, which must not import each other.)
 """
@@ -19,7 +19,7 @@ import os
 import struct
 from typing import Any, NamedTuple
 
-from slurmhealth import safe_read
+from slurmhealth.access import safe_read
 
 MANIFEST = "manifest.json"
 SUMMARY = "summary.json"

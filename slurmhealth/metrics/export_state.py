@@ -9,7 +9,7 @@ it stops, the epilog when it stops the sidecar), with its sidecar's process (a c
 once the file is older than :func:`stale_after` (a hung sidecar).
 
 A finished job leaves one more file, ``done-<id>.json`` (same format), written by its
-epilog: the job's per-GPU stats (:mod:`slurmhealth.final_series`), served for
+epilog: the job's per-GPU stats (:mod:`slurmhealth.metrics.final_series`), served for
 ``Limits.linger_s`` after it was written and then removed (by the exporter, or by the next
 epilog that publishes one).
 """
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from slurmhealth import safe_read
+from slurmhealth.access import safe_read
 
 if TYPE_CHECKING:  # not at import: the prolog imports this module to start a sidecar
     from prometheus_client.core import Metric

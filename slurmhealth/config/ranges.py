@@ -1,4 +1,4 @@
-"""Ranges and cross-field rules of the config, checked after the types (``config.py``).
+"""Ranges and cross-field rules of the config, checked after the types (``config/__init__.py``).
 
 Every numeric setting has a range here; a value outside it (NaN and infinity included)
 is a :class:`ConfigError` naming the file (or environment variable, or flag) and the key,
@@ -14,22 +14,41 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from slurmhealth.config.timeparse import duration_s
 from slurmhealth.errors import ConfigError
 
 if TYPE_CHECKING:
-    from slurmhealth.config import Config
+    from slurmhealth.config.sections import ReportConfig
+
+
+class _Checks(Protocol):
+    @property
+    def settings(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class Config(Protocol):
+    """What the range check reads of a loaded config (``slurmhealth.config.Config``, which
+    imports this module: named here by its shape, so the two import nothing of each other):
+    its sections as dataclass fields, and which file, variable or flag set each value."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def checks(self) -> _Checks: ...
+    @property
+    def report(self) -> ReportConfig: ...
+    @property
+    def sources(self) -> Mapping[str, str]: ...
+
 
 WRAPPER_TIMEOUTS: Mapping[str, tuple[str, float]] = {
     "prolog": ("SLURMHEALTH_PROLOG_TIMEOUT", 8.0),
     "epilog": ("SLURMHEALTH_EPILOG_TIMEOUT", 20.0),
 }
-_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([smhd]?)\s*")  # timeout(1) syntax
-_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DAY = 86400.0
 
 
@@ -235,10 +254,10 @@ def wrapper_timeout(env: Mapping[str, str], hook: str) -> tuple[float, str]:
     text = env.get(var, "")
     if not text:
         return default, f"{var} default"
-    match = _DURATION.fullmatch(text)
-    if not match or float(match[1]) <= 0:
+    seconds = duration_s(text)  # the wrappers hand it to timeout(1): the same grammar
+    if seconds is None or seconds <= 0:
         raise ConfigError(f"environment {var}", None, f"expected seconds (e.g. 8), got {text!r}")
-    return float(match[1]) * _UNIT[match[2]], var
+    return seconds, var
 
 
 def _fail(cfg: Config, dotted: str, problem: str, table: str = "") -> None:

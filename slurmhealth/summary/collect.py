@@ -12,11 +12,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from slurmhealth.checks.thermal import SEVERITY
-from slurmhealth.diagnose.facts import GpuStats, JobFacts, NodeFacts, TaskFacts
+from slurmhealth.diagnose.facts import GpuStats, NodeFacts, TaskFacts
 from slurmhealth.history import read
 from slurmhealth.history.read import Source
 from slurmhealth.history.rollups import HIST_WIDTH
 from slurmhealth.model import CLOCK_EVENT_REASONS
+from slurmhealth.model_records import Job
 from slurmhealth.slurm import HostlistError, expand_hostlist, null
 
 # the clock-event reasons counted as throttle time: those the clock_events check judges
@@ -24,7 +25,7 @@ HW_THROTTLE = {CLOCK_EVENT_REASONS[name]: name for name in SEVERITY}
 MAX_SERIES = 300  # points per GPU kept for plots
 
 
-def job_facts(db: Source, job_id: str) -> JobFacts | None:
+def job_facts(db: Source, job_id: str) -> Job | None:
     """The job's ``jobs`` row in ``db`` as facts, or None."""
     r = read.job_row(db, job_id)
     if r is None:
@@ -33,14 +34,14 @@ def job_facts(db: Source, job_id: str) -> JobFacts | None:
     def text(key: str) -> str:  # rows written before "(null)" was read as unset hold it
         return null(str(r.get(key) or ""))
 
-    return JobFacts(
+    return Job(
         job_id=job_id,
         user=text("user"),
         account=text("account"),
         partition=text("partition"),
         qos=text("qos"),
         priority=r.get("priority"),
-        nodes=_nodes(text("nodes")) or ((str(r["node"]),) if r.get("node") else ()),
+        node_names=_nodes(text("nodes")) or ((str(r["node"]),) if r.get("node") else ()),
         gpus=tuple(r.get("gpus") or ()),
         start_ts=r.get("start_ts"),
         end_ts=r.get("end_ts"),
