@@ -68,7 +68,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             for t in ("resume_outcomes", "hooks_decisions", "hooks_pure", "healthcheck")
         ],
     ),
-    "optout": (["slurmhealth/model_records.py"], ["tests/unit/test_optout.py"]),
+    "optout": (
+        ["slurmhealth/model_records.py"],
+        ["tests/unit/test_optout.py", "tests/unit/test_model_records.py"],
+    ),
     "checks": (
         [f"slurmhealth/checks/{m}.py" for m in CHECK_MODULES],
         [f"tests/unit/test_{t}.py" for t in ("checks", "counter_rates", "nvlink_counters")],
