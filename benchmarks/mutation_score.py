@@ -88,6 +88,14 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/test_exposition.py", "tests/unit/test_metrics.py"],
     ),
     "retention": (["slurmhealth/history/retention.py"], ["tests/unit/history"]),
+    "remediation": (
+        ["slurmhealth/checks/remediation.py", "slurmhealth/hooks/remediate_plan.py"],
+        ["tests/unit/test_remediate.py"],
+    ),
+    "sweep": (
+        ["slurmhealth/sweep/verdict.py"],
+        ["tests/unit/test_sweep_verdict.py", "tests/unit/test_sweep_plan.py"],
+    ),
     "baseline-units": (
         ["slurmhealth/baseline/compare.py", "slurmhealth/baseline/parse_nccl.py"],
         ["tests/unit/test_baseline_compare.py", "tests/unit/test_parse_nccl.py"],
