@@ -97,9 +97,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/test_sweep_verdict.py", "tests/unit/test_sweep_plan.py"],
     ),
     "baseline-units": (
-        ["slurmhealth/baseline/compare.py", "slurmhealth/baseline/parse_nccl.py"],
-        ["tests/unit/test_baseline_compare.py", "tests/unit/test_parse_nccl.py"],
+        ["slurmhealth/baseline/compare.py"],
+        ["tests/unit/test_baseline_judgement.py", "tests/unit/test_baseline_compare.py"],
     ),
+    "parse-nccl": (["slurmhealth/baseline/parse_nccl.py"], ["tests/unit/test_parse_nccl.py"]),
 }
 # slurmhealth.checks.xid.x_judge__mutmut_3, slurmhealth.hooks.drain.xǁDrainOutcomeǁm__mutmut_1
 NAME = re.compile(r"^(?P<module>[\w.]+?)\.x(?:ǁ\w+ǁ)?_?(?P<fn>\w+?)__mutmut_(?P<n>\d+)$")
