@@ -80,7 +80,13 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["slurmhealth/diagnose/engine.py"],
         [
             f"tests/unit/test_{t}.py"
-            for t in ("diagnose", "diagnose_kernel", "diagnose_texts", "diagnose_verdicts")
+            for t in (
+                "diagnose",
+                "diagnose_kernel",
+                "diagnose_texts",
+                "diagnose_verdicts",
+                "diagnose_order",
+            )
         ],
     ),
     "exposition": (
