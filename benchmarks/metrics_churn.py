@@ -95,6 +95,20 @@ STATS = {"samples": 2, "util_mean": 80.0, "util_p5": 60.0, "util_min": 55.0,
          "nvlink_active_min": 18, "nvlink_errors_delta": 0, "pcie_replays_delta": 0}  # fmt: skip
 
 
+def job_stats(job_id: int, gpu: int) -> dict[str, float]:
+    """Stats that differ from job to job with the digits real ones have (a mean is rarely a
+    round number): in ``info`` mode they are label text, which Prometheus keeps once per
+    distinct string."""
+    x = random.Random(job_id * 64 + gpu).random()
+    return {
+        "util_mean": 100 * x,
+        "power_mean_w": 300 + 400 * x,
+        "mem_peak_bytes": float(int(8e10 * x)),
+        "util_p5": float(int(60 * x)),
+        "temp_max_c": float(40 + int(40 * x)),
+    }
+
+
 class _Fixed:
     def __init__(self, families: list[Metric]) -> None:
         self.families = families
@@ -143,7 +157,9 @@ class SimNode:
 
     def _switch(self, k: int, real_t: float) -> None:
         if self.k >= 0:  # the epilog publishes the job's stats
-            gpus = [{**STATS, "gpu": g.index, "uuid": g.uuid} for g in self.snap.gpus]
+            jid = int(self.job(self.k).job_id)
+            gpus = [{**STATS, **job_stats(jid, g.index), "gpu": g.index, "uuid": g.uuid}
+                    for g in self.snap.gpus]  # fmt: skip
             self.done.append((real_t, final_series.families(self.job(self.k), self.name, gpus,
                                                             self.fleet.job_labels)))  # fmt: skip
             self.fleet.ended.append((self.job(self.k).job_id, self.name, real_t))

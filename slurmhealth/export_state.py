@@ -227,8 +227,7 @@ def read_states(run_dir: str, now: float | None = None, limits: Limits = Limits(
     for name in names:  # after every running job's: those come first within max_files
         if (done := _FINAL_FILE.match(name)) is not None:
             _read_final(os.path.join(directory, name), done.group(1), now, limits, out)
-    # the newest first: with job_labels = "info" two jobs' stats of one GPU have the same
-    # labels, and merged() keeps the first (the GPU's last job's, final_series)
+    # the newest first (should two files hold the same series, merged() keeps the first)
     out.finished = dict(sorted(out.finished.items(), key=lambda kv: -out.finished_ts[kv[0]]))
     return out
 

@@ -12,7 +12,5 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def packaged_text(name: str) -> str:
     """The text of data file ``name`` shipped beside this module (root's install)."""
-    with open(
-        os.path.join(os.path.dirname(os.path.abspath(__file__)), name), encoding="utf-8"
-    ) as fh:
+    with open(os.path.join(HERE, name), encoding="utf-8") as fh:
         return fh.read()

@@ -11,8 +11,7 @@ line in ``app.COMMANDS`` (and its example in ``examples.EXAMPLES``).
 
 ``slurmhealth prolog`` and ``slurmhealth epilog`` (as Slurm runs them: no other argument)
 ask the node agent first, importing the standard library only (slurmhealth.agent.client);
-when it falls back to running in-process it loads the hook's modules only (hooks.entry:
-no click).
+when it falls back to running in-process it loads the hook's modules only (no click).
 """
 
 from __future__ import annotations
@@ -29,12 +28,30 @@ def main(argv: list[str] | None = None) -> None:
         from slurmhealth.agent.client import hook_main
 
         hook_main(args[0])  # returns only when the hook runs in-process
-        from slurmhealth.hooks.entry import main as hook_in_process
-
-        hook_in_process(args[0])  # without click: the fallback is on the job's path too
+        _hook_in_process(args[0])  # without click: the fallback is on the job's path too
     from slurmhealth.cli.app import main as app_main
 
     app_main(argv)
+
+
+def _hook_in_process(name: str) -> None:
+    """``slurmhealth prolog`` or ``epilog`` (no flags) in this process with the CLI's logging
+    and one-line errors, without click (``app.main`` and ``app.cli`` do the same with it)."""
+    import logging
+
+    from slurmhealth.cli import failure, once
+
+    before = list(logging.getLogger().handlers)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format="slurmhealth: %(levelname)s: %(message)s")  # fmt: skip
+    once.install_on_root(skip=before)
+    try:
+        from slurmhealth.config import load_config
+        from slurmhealth.hooks.entry import run_hook
+
+        run_hook(load_config(), name)
+    except (Exception, KeyboardInterrupt) as exc:
+        failure.exit_for(exc)
 
 
 def __getattr__(name: str) -> Any:

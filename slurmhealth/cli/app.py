@@ -22,8 +22,8 @@ from typing import Any
 
 import click
 
+from slurmhealth.cli import failure
 from slurmhealth.cli.options import Ctx
-from slurmhealth.errors import SlurmhealthError
 
 # command name -> "module:attribute" under slurmhealth.cli. A new command is one module
 # (or one function in the module of its group) and one line here.
@@ -221,9 +221,7 @@ def cli(
     if click_ctx.invoked_subcommand not in DAEMONS:  # a daemon's repeats are news each time
         from slurmhealth.cli import once
 
-        for handler in logging.getLogger().handlers:
-            if handler not in before:  # ours, not a host program's (pytest's capture)
-                once.install(handler)
+        once.install_on_root(skip=before)  # ours, not a host program's (pytest's capture)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -244,20 +242,6 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(2 if exc.exit_code not in (0, 1) else exc.exit_code)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("slurmhealth: interrupted", err=True)
-        sys.exit(130)
-    except SlurmhealthError as exc:
-        if debug:
-            raise
-        click.echo(f"slurmhealth: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except BrokenPipeError:
-        sys.exit(0)
-    except Exception as exc:
-        if debug:
-            raise
-        click.echo(
-            f"slurmhealth: internal error: {type(exc).__name__}: {exc} (run with --debug)",
-            err=True,
-        )
-        sys.exit(3)
+        failure.exit_for(KeyboardInterrupt())
+    except Exception as exc:  # SlurmhealthError, a broken pipe, the rest
+        failure.exit_for(exc, debug)

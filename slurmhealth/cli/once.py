@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 from collections import Counter
+from collections.abc import Iterable
 
 _SEEN: Counter[tuple[int, str, str]] = Counter()  # (level, logger, message) -> times logged
 _SHOWN: set[str] = set()  # messages a handler printed this run
@@ -41,10 +42,13 @@ def install(handler: logging.Handler) -> None:
     _INSTALLED.append((handler, flt))
 
 
-def install_on_root() -> None:
-    """:func:`install` on every handler of the root logger (``logging.basicConfig``'s)."""
+def install_on_root(skip: Iterable[logging.Handler] = ()) -> None:
+    """:func:`install` on every handler of the root logger (``logging.basicConfig``'s) but
+    those in ``skip`` (a host program's, e.g. pytest's capture)."""
+    theirs = list(skip)
     for handler in logging.getLogger().handlers:
-        install(handler)
+        if not any(handler is h for h in theirs):
+            install(handler)
 
 
 def shown(message: str) -> bool:

@@ -1,10 +1,8 @@
-"""The hooks' process set-up, and ``slurmhealth prolog``/``epilog`` run in-process without
-click: what a hook process does when the node agent is not used (absent, killed, too slow).
-
-The fallback sits on every job's path when the agent is down, so it loads only the hook's
-own modules (``python -X importtime -m slurmhealth prolog`` with ``SLURMHEALTH_AGENT=off``
-shows no click): the same decision, log lines, exit codes and one-line errors as
-``cli.hooks`` (which runs the same :func:`run_hook` under click, with the global flags).
+"""The hooks' process set-up (history migrations deferred, log lines naming the hook, job
+and node) and :func:`run_hook`, the prolog's or epilog's decision in this process: what
+``cli.hooks`` runs under click, and what ``slurmhealth prolog``/``epilog`` run without it
+when the node agent is not used (``cli.main``): that fallback sits on every job's path while
+the agent is down, so nothing here loads click.
 """
 
 from __future__ import annotations
@@ -80,34 +78,3 @@ def run_hook(cfg: Config, name: str) -> NoReturn:
         summary += f" ({drain.detail})"
     logging.getLogger("slurmhealth.hooks").info("%s", summary)
     sys.exit(result.exit_code)
-
-
-def main(name: str) -> NoReturn:
-    """``slurmhealth prolog`` or ``slurmhealth epilog`` as Slurm runs them (no flags), in
-    this process: the CLI's logging, config and error handling without click."""
-    from slurmhealth.cli import once
-    from slurmhealth.errors import SlurmhealthError
-
-    before = list(logging.getLogger().handlers)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="slurmhealth: %(levelname)s: %(message)s")  # fmt: skip
-    for handler in logging.getLogger().handlers:
-        if handler not in before:
-            once.install(handler)
-    try:
-        from slurmhealth.config import load_config
-
-        run_hook(load_config(), name)
-    except SlurmhealthError as exc:
-        sys.stderr.write(f"slurmhealth: error: {exc}\n")
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.stderr.write("slurmhealth: interrupted\n")
-        sys.exit(130)
-    except BrokenPipeError:
-        sys.exit(0)
-    except Exception as exc:
-        sys.stderr.write(
-            f"slurmhealth: internal error: {type(exc).__name__}: {exc} (run with --debug)\n"
-        )
-        sys.exit(3)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from slurmhealth.diagnose.facts import GpuStats
-from slurmhealth.final_series import STATS
+from slurmhealth.final_series import STATS, decode
 from slurmhealth.history.rollups import HIST_WIDTH, util_bin
 from slurmhealth.prom_client import Labels, Matrix, Vector
 
@@ -205,16 +205,36 @@ def gpu_stats_of(
 _WHOLE = frozenset(f.name for f in dataclasses.fields(GpuStats) if f.type in ("int", "int | None"))
 
 
+def _published(key: Key, got: Mapping[str, Any]) -> GpuStats:
+    whole: dict[str, Any] = {
+        k: round(v) if k in _WHOLE and isinstance(v, float) else v for k, v in got.items()
+    }
+    return GpuStats(gpu=key[1], **whole)
+
+
 def final_stats(stats: Vector, throttle: Vector) -> dict[Key, GpuStats]:
-    """Each GPU's stats as its node's epilog published them (``final_series``)."""
+    """Each GPU's stats as its node's epilog published them (``final_series``, ``series``
+    mode)."""
     fields: dict[Key, dict[str, Any]] = {}
     for labels, value in stats:
         name = STATS.get(labels.get("stat", ""))
         if name is None or (key := key_of(labels)) is None or math.isnan(value):
             continue
         got = fields.setdefault(key, {"uuid": labels.get("uuid") or None})
-        got[name] = round(value) if name in _WHOLE else value
+        got[name] = value
     for key, reasons in throttle_counts(throttle).items():
         if key in fields:
             fields[key]["throttle_seconds"] = reasons
-    return {key: GpuStats(gpu=key[1], **got) for key, got in fields.items()}
+    return {key: _published(key, got) for key, got in fields.items()}
+
+
+def record_stats(records: Vector, gpus: Mapping[str, frozenset[int]] | None) -> dict[Key, GpuStats]:
+    """Each GPU's stats from the job's record series (``final_series.record``, ``info``
+    mode), only those of ``gpus`` (node -> GPU indices; ``None``: all)."""
+    out: dict[Key, GpuStats] = {}
+    for labels, _ in records:
+        node = labels.get("node", "")
+        for index, got in decode(labels).items():
+            if gpus is None or index in gpus.get(node, ()):
+                out[node, index] = _published((node, index), got)
+    return out

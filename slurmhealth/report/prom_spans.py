@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 
-from slurmhealth.final_series import JOB_STAT
 from slurmhealth.prom_client import Call, Matrix, PromClient, Vector
 from slurmhealth.report.prom_answers import Key, key_of
 
@@ -176,35 +175,6 @@ def clip_keys(matrix: Matrix, by_node: Mapping[str, Span]) -> Matrix:
         if key is not None and key[0] in by_node and key[1] in by_node[key[0]].gpus:
             out.append((labels, points))
     return out
-
-
-def newest_naming(job_id: str, matrix: Matrix) -> dict[Key, float]:
-    """Per GPU, the time of the newest scrape whose ``stat="job_id"`` (``final_series`` in
-    ``info`` mode) is the job's, from that stat's samples after the job."""
-    try:
-        wanted = float(job_id)
-    except ValueError:
-        return {}  # not a number: such a job published nothing in this mode
-    newest: dict[Key, float] = {}
-    for labels, points in matrix:
-        if (key := key_of(labels)) is not None and labels.get("stat") == JOB_STAT:
-            for t, v in points:
-                if v == wanted and t > newest.get(key, -math.inf):
-                    newest[key] = t
-    return newest
-
-
-def at_scrapes(family: str, scrapes: Mapping[Key, float]) -> str:
-    """``family``'s samples of exactly those scrapes (``[1ms] @`` each: that scrape's only),
-    one term per node and time."""
-    groups: dict[tuple[str, float], set[int]] = {}
-    for (node, gpu), t in scrapes.items():
-        groups.setdefault((node, t), set()).add(gpu)
-    return " or ".join(
-        f"last_over_time({family}{{node={quote(node)},gpu=~{alternatives(str(g) for g in gpus)}}}"
-        f"[1ms] @ {t:.3f})"
-        for (node, t), gpus in sorted(groups.items())
-    )
 
 
 @dataclass(frozen=True)

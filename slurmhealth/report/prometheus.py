@@ -64,6 +64,7 @@ from slurmhealth.report.prom_answers import (
     p5_of,
     per_gpu,
     raw_series,
+    record_stats,
     sampling,
     stride_end,
     strided_series,
@@ -158,29 +159,22 @@ class PromSource:
         return prom_spans.attribute(self.client, w, deadline)
 
     def _final_stats(self, w: Window, deadline: float) -> dict[Key, GpuStats]:
-        """The stats the nodes' epilogs published after the job (final_series)."""
+        """The stats the nodes' epilogs published after the job (final_series): the job's
+        record series (``info`` mode, one per node, by its ``job_id``), and while its
+        series carry its labels also the per-GPU stat series (``series`` mode)."""
         at, span = w.end + FINAL_S, f"{FINAL_S + SLACK_S:.0f}s"
-        if w.spans:  # without job labels: the newest scrape that names the job (prom_spans)
-            ids = f"{final_series.STAT}{{stat={_quote(final_series.JOB_STAT)},{w.sel}}}[{span}]"
-            got = self.client.gather({"n": partial(self.client.query_samples, ids, at)},
-                                     deadline)["n"]  # fmt: skip
-            by_node = {s.node: s for s in w.spans}
-            newest = prom_spans.newest_naming(w.job_id, prom_spans.clip_keys(got, by_node))
-            if not newest:
-                return {}
-            calls = {
-                name: partial(self.client.query, prom_spans.at_scrapes(family, newest), at)
-                for name, family in (("stat", final_series.STAT),
-                                     ("throttle", final_series.THROTTLE))
-            }  # fmt: skip
-            found = self.client.gather(calls, deadline)
-            return final_stats(found["stat"], found["throttle"])
-        calls = {
-            name: partial(self.client.query, f"last_over_time({family}{{{w.sel}}}[{span}])", at)
-            for name, family in (("stat", final_series.STAT), ("throttle", final_series.THROTTLE))
-        }
+        families = {"record": f"{final_series.RECORD}{{{w.job}}}"}
+        if not w.spans:
+            families.update(stat=f"{final_series.STAT}{{{w.sel}}}",
+                            throttle=f"{final_series.THROTTLE}{{{w.sel}}}")  # fmt: skip
+        calls = {name: partial(self.client.query, f"last_over_time({sel}[{span}])", at)
+                 for name, sel in families.items()}  # fmt: skip
         found = self.client.gather(calls, deadline)
-        return final_stats(found["stat"], found["throttle"])
+        gpus = {s.node: s.gpus for s in w.spans} if w.spans else None
+        done = record_stats(found["record"], gpus)
+        if w.spans:
+            return done
+        return {**final_stats(found["stat"], found["throttle"]), **done}
 
     def _has_series(self, w: Window, deadline: float) -> bool:
         """Whether any sidecar of the job exported series in ``w`` (one series per node)."""

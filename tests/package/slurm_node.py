@@ -48,6 +48,14 @@ while True:
 """
 
 START_DAEMONS = """
+# wait_for SECONDS WHAT CMD...: until CMD succeeds, else fail naming WHAT
+wait_for() {
+    tries=$(($1 * 10)); what=$2; shift 2; i=0
+    until "$@" >/dev/null 2>&1; do
+        i=$((i + 1)); [ $i -lt $tries ] || { echo "$what does not answer" >&2; exit 1; }
+        sleep 0.1
+    done
+}
 install -d -o munge -g munge -m 0755 /run/munge
 install -d -o munge -g munge -m 0700 /var/log/munge /var/lib/munge /etc/munge
 if [ ! -s /etc/munge/munge.key ]; then
@@ -55,11 +63,7 @@ if [ ! -s /etc/munge/munge.key ]; then
     chown munge:munge /etc/munge/munge.key && chmod 0400 /etc/munge/munge.key
 fi
 runuser -u munge -- /usr/sbin/munged
-i=0
-until munge -n | unmunge >/dev/null 2>&1; do
-    i=$((i + 1)); [ $i -lt 100 ] || { echo "munged does not answer" >&2; exit 1; }
-    sleep 0.1
-done
+wait_for 10 munged sh -c 'munge -n | unmunge'
 install -d /var/lib/slurm/slurmctld /var/lib/slurm/slurmd/n1 /var/lib/slurm/slurmd/n2 \
     /var/log/slurm
 if [ -f /etc/slurm/slurmdbd.conf ]; then  # accounting: MariaDB (socket only), slurmdbd
@@ -72,18 +76,10 @@ if [ -f /etc/slurm/slurmdbd.conf ]; then  # accounting: MariaDB (socket only), s
     setsid mariadbd --user=mysql --datadir=/var/lib/mysql --skip-networking \
         --socket=/run/mysqld/mysqld.sock --pid-file=/run/mysqld/mariadbd.pid \
         --log-error=/var/log/mariadb.log </dev/null >/dev/null 2>&1 &
-    i=0
-    until mariadb -u root -e 'SELECT 1' >/dev/null 2>&1; do
-        i=$((i + 1)); [ $i -lt 300 ] || { echo "MariaDB does not answer" >&2; exit 1; }
-        sleep 0.1
-    done
+    wait_for 30 MariaDB mariadb -u root -e 'SELECT 1'
     mariadb -u root -e 'CREATE DATABASE IF NOT EXISTS slurm_acct_db'
     slurmdbd
-    i=0
-    until sacctmgr -n -P show cluster format=cluster >/dev/null 2>&1; do
-        i=$((i + 1)); [ $i -lt 300 ] || { echo "slurmdbd does not answer" >&2; exit 1; }
-        sleep 0.1
-    done
+    wait_for 30 slurmdbd sacctmgr -n -P show cluster format=cluster
     sacctmgr -n -P show cluster format=cluster | grep -qx trixie ||
         sacctmgr -i add cluster trixie >/dev/null
 fi

@@ -24,6 +24,16 @@ def rows(db: Path, sql: str, *params: object) -> list[sqlite3.Row]:
         return list(conn.execute(sql, params))
 
 
+def wait_rows(db: Path, sql: str, *params: object, timeout: float = 30) -> list[sqlite3.Row]:
+    """The rows of ``sql`` once there are any: what the epilog's detached after-work writes
+    (a dead sidecar's event, the job's summary) lands after the job has ended."""
+    deadline = time.monotonic() + timeout
+    while not (found := rows(db, sql, *params) if db.exists() else []):
+        assert time.monotonic() < deadline, f"no rows after {timeout:g} s: {sql} {params}"
+        time.sleep(0.1)
+    return found
+
+
 def wait_log(cluster: Cluster, offset: int, job_id: str, words: tuple[str, ...]) -> str:
     """The wrappers' log lines about ``job_id`` since ``offset``, once one holds any of
     ``words`` (the prolog's last line)."""

@@ -9,7 +9,7 @@ import signal
 import time
 
 from tests.integration.conftest import Cluster
-from tests.reliability.support import rows
+from tests.reliability.support import rows, wait_rows
 
 INTERVAL_S = 1.0  # [sidecar] interval_s in the cluster's config
 
@@ -49,7 +49,7 @@ def test_sidecar_killed_mid_job_loses_at_most_one_interval_and_is_recorded(
     samples = _samples(healthy, "n1", job.job_id)
     assert samples and max(samples) >= killed_at - 2 * INTERVAL_S, (samples, killed_at)
     sql = "select * from events where job_id = ? and kind = 'sidecar_died'"
-    (died,) = rows(healthy.node_db("n1"), sql, job.job_id)
+    (died,) = wait_rows(healthy.node_db("n1"), sql, job.job_id)  # the detached after-work
     assert str(pid) in died["message"]
     phases = rows(
         healthy.node_db("n1"), "select phase, status from check_runs where job_id = ?", job.job_id

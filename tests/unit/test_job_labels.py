@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from slurmhealth import final_series
-from slurmhealth.export_state import Limits, encode, merged, read_states, write_final
+from slurmhealth.export_state import encode, merged
 from slurmhealth.metrics import SidecarCollector
 from slurmhealth.model_records import ExportState
 from slurmhealth.rdma.model import Hca, IbPort, Rate, RdmaSnapshot
@@ -49,47 +47,64 @@ def series(fams: list[list[dict[str, object]]]) -> set[tuple[str, tuple[tuple[st
     return {(s.name, tuple(sorted(s.labels.items()))) for m in merged(fams) for s in m.samples}
 
 
-def endpoints(mode: str) -> tuple[set[Any], set[Any]]:
-    """The node's jobs' series while job 101 runs (job 100's stats published), then while
-    job 102 runs (101's published)."""
-    zero, one, two = job_state("100"), job_state("101"), job_state("102", user="bob")
-    before = series([families(one, mode), published(zero, mode)])
-    return before, series([families(two, mode), published(one, mode)])
+Series = set[tuple[str, tuple[tuple[str, str], ...]]]
 
 
-def test_in_series_mode_a_job_makes_all_its_series_anew() -> None:
-    before, after = endpoints("series")
-    assert after & before == set()
-    assert len(after) > 30 * 8
+def quiet(job_id: str, user: str = "alice") -> ExportState:
+    """A job without task metrics or events: its job-level series are job_info and the
+    sample count."""
+    return dataclasses.replace(job_state(job_id, user), task=None, event_counts={})
 
 
-def test_in_info_mode_only_the_jobs_own_series_are_new() -> None:
-    """Its GPUs' info series and its job-level ones (job_info, samples, the task metrics it
-    reports, its events): the GPUs', the ports' and the published stats' series go on."""
-    before, after = endpoints("info")
-    new = after - before
+def lives(mode: str, back_to_back: bool) -> tuple[Series, Series]:
+    """What the node serves while job 101 runs, and every series job 102 ever adds to it:
+    while it runs and once its stats are published (job 103 running then).
+    ``back_to_back``: 101's stats are still served as 102 starts (jobs of minutes); else
+    they went long before (jobs of a day: Prometheus has forgotten them by 102's end)."""
+    one, two = quiet("101"), quiet("102", user="bob")
+    before = series([families(one, mode)])
+    running = [families(two, mode)] + ([published(one, mode)] if back_to_back else [])
+    after = series(running) | series([families(quiet("103"), mode), published(two, mode)])
+    return before, after
+
+
+def new_of_102(mode: str, back_to_back: bool) -> tuple[Series, Series, Series]:
+    before, after = lives(mode, back_to_back)
+    others = {("job_id", "101"), ("job_id", "103")}  # the jobs before and after it
+    new = {(n, labels) for n, labels in after - before if not others & set(labels)}
+    return before, after, new
+
+
+@pytest.mark.parametrize("back_to_back", [True, False], ids=["short-jobs", "long-jobs"])
+def test_in_series_mode_a_job_makes_all_its_series_anew(back_to_back: bool) -> None:
+    _, _, new = new_of_102("series", back_to_back)
+    assert len(new) > 25 * 8 + 4 * 8  # its live series and its published per-GPU stats
+    assert sum(1 for n, _ in new if n == "slurmhealth_job_gpu_stat") >= 4 * 8
+
+
+@pytest.mark.parametrize("back_to_back", [True, False], ids=["short-jobs", "long-jobs"])
+def test_in_info_mode_a_job_adds_its_gpus_plus_a_handful(back_to_back: bool) -> None:
+    """Its GPUs' info series, job_info, the sample count and, after it, its record of
+    stats (one for the node): the GPUs' and the ports' series go on, at any job rate."""
+    before, after, new = new_of_102("info", back_to_back)
     assert all(("job_id", "102") in labels for _, labels in new)
-    assert sum(1 for name, _ in new if name == "slurmhealth_job_gpu_info") == 8
+    assert sorted(n for n, _ in new) == ["slurmhealth_job_gpu_info"] * 8 + [
+        "slurmhealth_job_gpu_stats_info", "slurmhealth_job_info",
+        "slurmhealth_sidecar_samples_total"]  # fmt: skip
     kept = {name for name, _ in after & before}
     assert {"slurmhealth_gpu_temperature_celsius", "slurmhealth_rdma_port_up",
-            "slurmhealth_job_gpu_stat", "slurmhealth_gpu_xid_errors_total"} <= kept  # fmt: skip
+            "slurmhealth_gpu_xid_errors_total"} <= kept  # fmt: skip
     assert len(after & before) > 25 * 8
 
 
-def test_in_info_mode_a_job_adds_its_gpus_plus_its_job_level_series() -> None:
-    """Without task metrics or events: its GPUs' info series, job_info, the sample count."""
-    one, two = job_state("101"), job_state("102", user="bob")
-    quiet = {"task": None, "event_counts": {}}
-    one, two = (dataclasses.replace(s, **quiet) for s in (one, two))  # type: ignore[arg-type]
-    assert one.snapshot is not None
-    before = series([families(one, "info"), published(job_state("100"), "info")])
-    after = series([families(two, "info"), published(one, "info")])
-    new = after - before
-    assert len(new) == len(one.snapshot.gpus) + 2
-    assert {n for n, _ in new} == {"slurmhealth_job_gpu_info", "slurmhealth_job_info",
-                                   "slurmhealth_sidecar_samples_total"}  # fmt: skip
-    names = {n for n, _ in after}
-    assert "slurmhealth_rdma_port_up" in names and "slurmhealth_gpu_temperature_celsius" in names
+def test_in_info_mode_events_are_the_jobs_own() -> None:
+    """A job that raised events: those carry its labels (they are the job's, in both
+    modes); of the per-GPU series only its info series are new."""
+    before = series([families(job_state("101"), "info")])
+    new = series([families(job_state("102", user="bob"), "info")]) - before
+    assert all(("job_id", "102") in labels for _, labels in new)
+    assert sum(1 for name, _ in new if name == "slurmhealth_job_gpu_info") == 8
+    assert "slurmhealth_events_total" in {n for n, _ in new}
 
 
 def test_info_mode_labels() -> None:
@@ -109,40 +124,28 @@ def test_info_mode_labels() -> None:
         SidecarCollector(lambda: st, job_labels="none")
 
 
-def test_published_stats_in_info_mode_name_their_job_by_a_stat() -> None:
-    st = job_state("101")
-    fams = published(st, "info")
-    stats = fams[0]["samples"]
-    assert {tuple(sorted(labels)) for _, labels, _ in stats} == {  # type: ignore[attr-defined]
-        ("gpu", "node", "stat", "uuid")}  # fmt: skip
-    ids = [v for _, labels, v in stats if labels["stat"] == "job_id"]  # type: ignore[attr-defined]
-    assert ids == [101.0] * 8
-    odd = dataclasses.replace(st, labels=dataclasses.replace(st.labels, job_id="101_2"))
-    assert [f["samples"] for f in published(odd, "info")] == [[], []]  # whose? nothing
-    assert published(odd, "series")[0]["samples"]  # labelled: published as before
-
-
-def test_the_newest_finished_job_wins_a_gpu(tmp_path: Path) -> None:
-    """Two finished jobs' stats of one GPU (info mode: the same series): the exporter
-    serves the newer, once; the older stays served where it is alone."""
-    run = str(tmp_path)
-    older, newer = job_state("101"), job_state("102")
-    for st, ts in ((newer, 2000.0), (older, 1000.0)):  # written in the other order
-        data = encode_final(published(st, "info"), st.labels.job_id, ts)
-        write_final(run, st.labels.job_id, data, 3600.0, ts)
-        os.utime(os.path.join(run, "export", f"done-{st.labels.job_id}.json"), (ts, ts))
-    states = read_states(run, now=2100.0, limits=Limits(linger_s=3600.0))
-    assert list(states.finished) == ["102", "101"]
-    served = [s for m in merged(states.finished.values()) for s in m.samples]
-    ids = {s.value for s in served if s.labels.get("stat") == "job_id"}
-    assert ids == {102.0}
-    assert len(served) == len({(s.name, tuple(sorted(s.labels.items()))) for s in served})
-
-
-def encode_final(fams: list[dict[str, object]], job_id: str, ts: float) -> bytes:
-    from slurmhealth.export_state import encode_families
-
-    return encode_families(fams, job_id, os.getpid(), ts)  # type: ignore[arg-type]
+def test_published_stats_in_info_mode_are_one_record_per_node() -> None:
+    """One series naming the job, its GPUs' stats in its labels; they read back exactly,
+    also for a job id that is not a number (an array job's)."""
+    st = job_state("101_2")
+    assert st.snapshot is not None
+    gpus = [{**STATS, "gpu": g.index, "uuid": g.uuid, "power_mean_w": 0.1 + 0.2,
+             "throttle_seconds": {"hw_slowdown": 12.5} if g.index == 2 else {}}
+            for g in st.snapshot.gpus]  # fmt: skip
+    fams = final_series.families(st.labels, "gpu-a01", gpus, "info")
+    assert [f["name"] for f in fams] == ["slurmhealth_job_gpu_stats_info"]
+    [(_, labels, value)] = fams[0]["samples"]  # type: ignore[misc]
+    assert value == 1.0 and labels["job_id"] == "101_2" and labels["node"] == "gpu-a01"
+    assert "user" not in labels
+    assert sorted(k for k in labels if k.startswith("gpu_")) == [
+        f"gpu_{g.index}" for g in st.snapshot.gpus]  # fmt: skip
+    back = final_series.decode(labels)
+    assert back[2] == {"uuid": st.snapshot.gpus[2].uuid, "samples": 10.0, "util_mean": 50.0,
+                       "util_max": 90.0, "temp_max_c": 70.0, "power_mean_w": 0.1 + 0.2,
+                       "throttle_seconds": {"hw_slowdown": 12.5}}  # fmt: skip
+    assert back[0]["throttle_seconds"] == {}
+    assert final_series.decode({**labels, "gpu_0": "GPU-0 1 2"}).keys() == set(back) - {0}
+    assert published(st, "series")[0]["samples"]  # labelled: per GPU and stat as before
 
 
 def test_a_real_sidecar_in_dcgm_and_info_mode(tmp_path: Path) -> None:
@@ -190,6 +193,6 @@ def test_a_real_sidecar_in_dcgm_and_info_mode(tmp_path: Path) -> None:
     assert publish_final(cfg, dataclasses.replace(job_state("503").labels, node="node1"),
                          [{"gpu": 0, "uuid": "GPU-0", "samples": 5}])  # fmt: skip
     done = json.loads((tmp_path / "run" / "export" / "done-503.json").read_text())
-    stats = done["families"][0]["samples"]
-    assert {s[1]["stat"]: s[2] for s in stats} == {"job_id": 503.0, "samples": 5.0}
-    assert all("user" not in s[1] for s in stats)
+    [(name, labels, _)] = done["families"][0]["samples"]
+    assert name == "slurmhealth_job_gpu_stats_info" and labels["job_id"] == "503"
+    assert final_series.decode(labels)[0]["samples"] == 5.0 and "user" not in labels

@@ -7,7 +7,7 @@ on nodes a001..a064 with its labels on every series, job 4712 on b001..b064 with
 backfilled with promtool into one Prometheus. In both modes the job's GPUs ran another job
 just before it and another just after (in ``info`` mode the same series: the report must
 keep to the job's own scrapes), each with values the job never shows (100 % busy, 99 C), and
-that next job publishes its stats too after the job's (``info``: the same series again).
+that next job publishes its stats too after the job's.
 Half the nodes published the job's stats (``final_series``), half did not.
 """
 
