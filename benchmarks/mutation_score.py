@@ -63,7 +63,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "resume": (
         ["slurmhealth/hooks/resume.py"],
-        [f"tests/unit/test_{t}.py" for t in ("hooks_decisions", "hooks_pure", "healthcheck")],
+        [
+            f"tests/unit/test_{t}.py"
+            for t in ("resume_outcomes", "hooks_decisions", "hooks_pure", "healthcheck")
+        ],
     ),
     "optout": (["slurmhealth/model_records.py"], ["tests/unit/test_optout.py"]),
     "checks": (
@@ -77,11 +80,26 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             for t in ("diagnose", "diagnose_kernel", "diagnose_texts", "diagnose_verdicts")
         ],
     ),
-    "exposition": (["slurmhealth/exposition.py"], ["tests/unit/test_metrics.py"]),
+    "exposition": (
+        ["slurmhealth/exposition.py"],
+        ["tests/unit/test_exposition.py", "tests/unit/test_metrics.py"],
+    ),
     "retention": (["slurmhealth/history/retention.py"], ["tests/unit/history"]),
     "baseline-units": (
         ["slurmhealth/baseline/compare.py", "slurmhealth/baseline/parse_nccl.py"],
         ["tests/unit/test_baseline_compare.py", "tests/unit/test_parse_nccl.py"],
+    ),
+    "remediation": (
+        [
+            "slurmhealth/checks/remediation.py",
+            "slurmhealth/hooks/remediate_plan.py",
+            "slurmhealth/hooks/remediate.py",
+        ],
+        ["tests/unit/test_remediate.py"],
+    ),
+    "sweep": (
+        ["slurmhealth/sweep/verdict.py", "slurmhealth/sweep/plan.py"],
+        ["tests/unit/test_sweep_verdict.py", "tests/unit/test_sweep_plan.py"],
     ),
 }
 # slurmhealth.checks.xid.x_judge__mutmut_3, slurmhealth.hooks.drain.xǁDrainOutcomeǁm__mutmut_1
