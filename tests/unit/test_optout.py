@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurmhealth.hooks.job import complete, job_from_env
-from slurmhealth.model_records import Job
+from slurmhealth.model_records import Job, job_label_values
 from slurmhealth.slurm import parse_job_line
 from tests.support.recording_slurm import RecordingSlurm
 
@@ -95,3 +95,36 @@ def test_from_slurms_environment_and_from_squeue() -> None:
         job = complete(bare, slurm, {"SLURM_JOB_ID": "9"})
         assert job.opted_out(TOKEN) is out, comment
         assert (job.account, job.qos) == ("", "")
+
+
+def test_a_token_given_with_commas_or_semicolons_is_split_alike() -> None:
+    job = Job("1", "n1", extra="skip health;checks")
+    assert job.opted_out("skip,health;checks") and job.opted_out("health;checks")
+    assert not job.opted_out("health,skip")
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "failed"),
+    [
+        (None, False),
+        ("", False),
+        ("0:0", False),
+        ("0", False),
+        ("1:0", True),
+        ("0:9", True),
+        ("3", True),
+    ],
+)
+def test_the_epilog_counts_a_job_failed_by_its_exit_code_or_signal(
+    exit_code: str | None, failed: bool
+) -> None:
+    """What the epilog records as the job's end (``failed`` or ``completed``)."""
+    assert Job("1", "n1", exit_code=exit_code).failed is failed
+
+
+def test_the_series_labels_of_a_job() -> None:
+    """job_id, user, priority and node as the exporter labels every series of the job."""
+    job = Job("42", "", user="alice", priority=1000)
+    assert job_label_values(job, "gpu-b07") == ("42", "alice", "1000", "gpu-b07")
+    assert job_label_values(Job("42", "n3", priority=0), "gpu-b07") == ("42", "", "0", "n3")
+    assert job_label_values(Job("42", "n3"), "x") == ("42", "", "", "n3")
