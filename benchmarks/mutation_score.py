@@ -87,7 +87,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "retention": (["slurmhealth/history/retention.py"], ["tests/unit/history"]),
     "baseline-units": (
         ["slurmhealth/baseline/compare.py", "slurmhealth/baseline/parse_nccl.py"],
-        ["tests/unit/test_baseline_compare.py", "tests/unit/test_parse_nccl.py"],
+        [
+            "tests/unit/test_baseline_judgement.py",
+            "tests/unit/test_baseline_compare.py",
+            "tests/unit/test_parse_nccl.py",
+        ],
     ),
     "remediation": (
         [
@@ -95,7 +99,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "slurmhealth/hooks/remediate_plan.py",
             "slurmhealth/hooks/remediate.py",
         ],
-        ["tests/unit/test_remediate.py"],
+        ["tests/unit/test_remediate_plan.py", "tests/unit/test_remediate.py"],
     ),
     "sweep": (
         ["slurmhealth/sweep/verdict.py", "slurmhealth/sweep/plan.py"],
