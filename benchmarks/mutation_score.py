@@ -94,13 +94,11 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     "remediation": (
-        [
-            "slurmhealth/checks/remediation.py",
-            "slurmhealth/hooks/remediate_plan.py",
-            "slurmhealth/hooks/remediate.py",
-        ],
+        ["slurmhealth/checks/remediation.py", "slurmhealth/hooks/remediate_plan.py"],
         ["tests/unit/test_remediate_plan.py", "tests/unit/test_remediate.py"],
     ),
+    # the repair's orchestration (1,000 mutants, each over simulated repairs: about an hour)
+    "remediation-run": (["slurmhealth/hooks/remediate.py"], ["tests/unit/test_remediate.py"]),
     "sweep": (
         ["slurmhealth/sweep/verdict.py", "slurmhealth/sweep/plan.py"],
         ["tests/unit/test_sweep_verdict.py", "tests/unit/test_sweep_plan.py"],

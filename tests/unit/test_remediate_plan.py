@@ -4,6 +4,7 @@ how many at once, the claim two nodes race for, the attempts that count, and eac
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,115 @@ def test_dry_run_takes_the_breakers_slots_in_node_order(tmp_path: Path) -> None:
         "schema": "slurmhealth.remediate-plan/1", "enabled": True, "limit": 2,
         "max_attempts": 2, "window_s": 86400.0,
     }  # fmt: skip
+
+
+def test_the_incident_folder_and_file(tmp_path: Path) -> None:
+    import json
+    import os
+    import stat
+
+    cfg = _cfg(tmp_path)
+    seen: list[str] = []
+
+    def bug_report(folder: str) -> dict[str, Any]:
+        seen.append(folder)
+        return {"path": os.path.join(folder, "nvidia-bug-report.log.gz"), "ok": True}
+
+    doc = {"node": "n1", "fault": "gpu_lost gpu3", "attempts": [{"action": "reboot"}]}
+    folder = rp.write_incident(cfg, "n1", doc, bug_report, now=1_700_000_000.0)
+    assert folder == str(tmp_path / "ev" / "remediation" / "n1-20231114T221320Z")
+    assert seen == [folder]
+    assert stat.S_IMODE(os.stat(folder).st_mode) == 0o750
+    path = Path(folder) / "incident.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert json.loads(path.read_text()) == {
+        "schema": "slurmhealth.remediation-incident/1",
+        **doc,
+        "nvidia_bug_report": {"path": f"{folder}/nvidia-bug-report.log.gz", "ok": True},
+    }
+    path.unlink()
+    (Path(folder) / "target").write_text("")
+    path.symlink_to(Path(folder) / "target")  # planted: never written through
+    with pytest.raises(OSError):
+        rp.write_incident(cfg, "n1", doc, bug_report, now=1_700_000_000.0)
+
+
+def test_dry_run_reads_the_histories_this_host_can(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from slurmhealth import slurm as slurm_mod
+    from slurmhealth.history import Batch, History
+
+    (tmp_path / "config.toml").write_text("")
+    cfg = load_config(
+        str(tmp_path / "config.toml"),
+        env={},
+        flags={"remediate.enabled": True, "node.name": "n1",
+               "paths.db": str(tmp_path / "history.db")},
+    )  # fmt: skip
+    drained = {"ts": 10.0, "node": "n1", "state": "drained", "reason": OURS, "actor": "x",
+               "detail": {"findings": [RESET]}}  # fmt: skip
+    other = {**drained, "node": "n2", "detail": {"findings": []}}
+    step = {"ts": 1.0, "node": "n1", "action": "reset", "outcome": "failed",
+            "started": time.time() - 60}  # fmt: skip
+    with History(tmp_path / "history.db") as history:
+        history.write(Batch(inserts=[("drains", drained), ("drains", other),
+                                     ("remediations", step)]))  # fmt: skip
+    nodes = [NodeInfo("n1", "drained", OURS, "root"), NodeInfo("n2", "drained", OURS, "root"),
+             *_idle(12)[2:]]  # fmt: skip
+    opened: list[tuple[str, float]] = []
+
+    def open_slurm(backend: str, timeout: float) -> RecordingSlurm:
+        opened.append((backend, timeout))
+        return RecordingSlurm(nodes)
+
+    monkeypatch.setattr(slurm_mod, "open_slurm", open_slurm)
+    monkeypatch.setattr(slurm_mod, "node_partitions", lambda timeout: {})
+    doc = rp.dry_run(cfg)
+    assert opened == [(cfg.slurm.backend, cfg.slurm.command_timeout_s)]
+    rows = {r["node"]: r for r in doc["nodes"]}
+    assert (rows["n1"]["action"], rows["n1"]["attempts"]) == ("reboot", 1)  # its reset failed
+    assert rows["n2"]["why"].startswith("its history is not readable here")  # not this host's
+    (tmp_path / "history.db").write_bytes(b"not a database" * 100)
+    assert rp.dry_run(cfg)["nodes"][0]["why"].startswith("its history is not readable here")
+
+
+def _f(check: str, gpu: int | None = 4, action: str = "reset", **kw: Any) -> dict[str, Any]:
+    return {"check": check, "gpu": gpu, "action": action, "message": "m", **kw}
+
+
+def test_the_first_repair_of_a_nodes_faults() -> None:
+    from slurmhealth.checks.remediation import Plan, plan
+
+    assert plan([]) == Plan("none", why="no recorded fault to repair")
+    assert plan([_f("row_remap", action="warn")]).why == "no recorded fault to repair"
+    two = plan([_f("row_remap", 4), _f("gpu_lost", 1), _f("row_remap", 4), _f("x", action="warn")])
+    assert two.to_dict() == {"step": "reset", "gpus": [1, 4], "fault": "row_remap gpu4 m (+2 more)",
+                             "why": ""}  # fmt: skip
+    assert plan([_f("row_remap", 4)]).fault == "row_remap gpu4 m"
+    reboot = plan([_f("row_remap", 4), _f("xid", 2, evidence={"xid": 79})])
+    assert (reboot.step, reboot.gpus) == ("reboot", ())
+    by_name = {"check_name": "row_remap", "gpu": 2, "action": "reset", "message": "pending"}
+    assert plan([by_name]).to_dict() == {"step": "reset", "gpus": [2],
+                                         "fault": "row_remap gpu2 pending", "why": ""}  # fmt: skip
+    drain_only = plan([_f("row_remap", 4, action="drain")])
+    assert drain_only == Plan("none", fault="row_remap gpu4 m", why="needs hands: row_remap gpu4 m")
+    assert plan([{"action": "reset"}]).why == "needs hands: ?"
+
+
+@pytest.mark.parametrize(
+    ("evidence", "step"),
+    [
+        ({"xid": 119}, "reset"),
+        ({"xid": "79"}, "reboot"),
+        ({"xid": 13}, "none"),
+        ({"xid": "x"}, "none"),
+        ({}, "none"),
+        ("79", "none"),
+        (None, "none"),
+    ],
+)
+def test_an_xid_is_repaired_by_its_catalog_action(evidence: Any, step: str) -> None:
+    from slurmhealth.checks.remediation import first_step
+
+    assert first_step(_f("xid", 3, evidence=evidence)) == step
