@@ -330,3 +330,58 @@ def test_an_xid_is_repaired_by_its_catalog_action(evidence: Any, step: str) -> N
     from slurmhealth.checks.remediation import first_step
 
     assert first_step(_f("xid", 3, evidence=evidence)) == step
+
+
+def test_the_breaker_counts_only_the_partitions_in_scope(tmp_path: Path) -> None:
+    busy = NodeInfo("n2", "drained", f"{rp.REMEDIATING} x", "root", 2.0)
+    me = NodeInfo("n1", "drained", OURS, "root", 5.0)
+    slurm = RecordingSlurm([me, busy, *_idle(10)[2:]])
+    parts = {"n1": ["gpu"], "n2": ["cpu"]}
+    cfg = _cfg(tmp_path, partitions=["gpu"])
+    assert rp.claim(cfg, slurm, me, "f", lambda: parts) == ""  # n2 is not in scope
+    rows = rp.plan_fleet(cfg, [me, busy], lambda: parts, {"n1": (DRAINED, [])}.get, now=1e10)
+    assert [r["action"] for r in rows["nodes"]] == ["reset", "none"]
+
+
+def test_nodes_in_remediation_oldest_first_and_those_without_a_time_last(
+    tmp_path: Path,
+) -> None:
+    busy = [NodeInfo("n2", "drained", f"{rp.REBOOTING} x", "root", None),
+            NodeInfo("n3", "drained", f"{rp.REMEDIATING} x", "root", 7.0)]  # fmt: skip
+    me = NodeInfo("n1", "drained", OURS, "root", 5.0)
+    slurm = RecordingSlurm([me, *busy, *_idle(40)[3:]])
+    why = rp.claim(_cfg(tmp_path, max_concurrent=2), slurm, me, "f", dict)
+    assert why == "circuit breaker: n3, n2 in remediation (limit 2)"
+
+
+def test_two_earlier_claims_named_when_ours_gives_way(tmp_path: Path) -> None:
+    me = NodeInfo("n2", "drained", OURS, "root", 5.0)
+    early = NodeInfo("n1", "drained", f"{rp.REMEDIATING} x", "root", 1.0)
+    slurm = RecordingSlurm([early, me, *_idle(40)[2:]])
+    real_drain = slurm.drain
+
+    def racing_drain(node: str, reason: str) -> None:
+        real_drain(node, reason)
+        if node == "n2" and reason.startswith(rp.REMEDIATING):  # n3 claims meanwhile
+            slurm.table["n3"] = NodeInfo("n3", "drained", f"{rp.REMEDIATING} y", "root", 2.0)
+            slurm.table["n2"] = NodeInfo("n2", "drained", reason, "root", 6.0)
+
+    slurm.drain = racing_drain  # type: ignore[method-assign]
+    why = rp.claim(_cfg(tmp_path, max_concurrent=2), slurm, me, "f", dict)
+    assert why == "circuit breaker: n1, n3 claimed first (limit 2)"
+
+
+def test_an_attempt_without_a_start_time_is_older_than_any_window() -> None:
+    rows = [{"action": "reset", "outcome": "failed"}]
+    assert rp.attempts_in_window(rows, now=1000.0, window_s=999.0) == []
+    assert rp.attempts_in_window(rows, now=1000.0, window_s=1000.0) == rows
+
+
+def test_dry_run_goes_on_past_a_node_it_cannot_read(tmp_path: Path) -> None:
+    nodes = [NodeInfo("n1", "drained", OURS, "root"), NodeInfo("n2", "drained", OURS, "root"),
+             NodeInfo("n3", "drained", OURS, "root"), *_idle(20)[3:]]  # fmt: skip
+    no_findings = [{"detail": {}}]
+    rows = _plan(tmp_path, nodes, {"n2": (DRAINED, []), "n3": (no_findings, [])})
+    assert rows["n1"]["why"].startswith("its history is not readable here")
+    assert (rows["n2"]["action"], rows["n2"]["why"]) == ("reset", "")
+    assert (rows["n3"]["action"], rows["n3"]["why"]) == ("none", "no recorded fault to repair")
