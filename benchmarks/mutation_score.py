@@ -71,7 +71,16 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "optout": (["slurmhealth/model_records.py"], ["tests/unit/test_optout.py"]),
     "checks": (
         [f"slurmhealth/checks/{m}.py" for m in CHECK_MODULES],
-        [f"tests/unit/test_{t}.py" for t in ("checks", "counter_rates", "nvlink_counters")],
+        [
+            f"tests/unit/test_{t}.py"
+            for t in (
+                "checks",
+                "fabric_findings",
+                "counter_rates",
+                "nvlink_counters",
+                "blackwell_topology",
+            )
+        ],
     ),
     "diagnose": (
         ["slurmhealth/diagnose/engine.py"],
