@@ -76,6 +76,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             for t in (
                 "checks",
                 "fabric_findings",
+                "gpu_findings",
                 "counter_rates",
                 "nvlink_counters",
                 "blackwell_topology",
