@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from slurmhealth.checks import run_checks
-from slurmhealth.model import GpuProcess, Severity
+from slurmhealth.model import Action, GpuProcess, Severity
 from tests.unit.test_checks import ctx, healthy_gpu, node, of, only
 
 MIB = 2**20
@@ -57,3 +57,50 @@ def test_leftovers_of_a_previous_job_on_each_gpu() -> None:
         {"memory_used_mib": 2048.0},
     ]
     assert all(f.severity is Severity.FAIL for f in found)
+
+
+def test_row_remap_failure_pending_and_retired_pages() -> None:
+    rows = {"remapped_rows_correctable": 3, "remapped_rows_uncorrectable": 1}
+    failed = replace(healthy_gpu(1), remap_failure=True, remap_pending=True, **rows)
+    pending = replace(healthy_gpu(3), remap_pending=True, **rows)
+    retired = replace(healthy_gpu(5), retired_pages_pending=True)
+    found = of(run_checks(ctx(node(failed, pending, retired))), "row_remap")
+    assert [(f.gpu, f.message, f.severity) for f in found] == [
+        (1, "row remapping failed: the GPU has no spare rows left", Severity.FAIL),
+        (3, "row remap pending", Severity.FAIL),
+        (5, "retired pages pending", Severity.FAIL),
+    ]
+    assert (
+        found[0].evidence
+        == found[1].evidence
+        == {"remapped_rows": {"correctable": 3, "uncorrectable": 1}}
+    )
+    assert found[0].hint == "row remap failure: the GPU needs replacement (RMA); keep it drained"
+    assert found[0].action is Action.DRAIN and found[1].action is Action.RESET
+
+
+def test_a_downgraded_pcie_link() -> None:
+    narrow = replace(healthy_gpu(1), pcie_width=8, pcie_width_max=16)
+    slow = replace(healthy_gpu(2), pcie_gen=3, pcie_gen_max=5, utilization_gpu_pct=50)
+    idle = replace(healthy_gpu(3), pcie_gen=1, pcie_gen_max=5, utilization_gpu_pct=None)
+    at_max = replace(healthy_gpu(4), pcie_gen=5, pcie_gen_max=5, utilization_gpu_pct=99)
+    found = of(run_checks(ctx(node(narrow, slow, idle, at_max))), "pcie_link")
+    assert [(f.gpu, f.message, f.evidence) for f in found] == [
+        (1, "PCIe width x8, max x16", {"width": 8, "width_max": 16}),
+        (2, "PCIe gen 3 under load, max gen 5",
+         {"gen": 3, "gen_max": 5, "utilization_pct": 50}),
+    ]  # fmt: skip
+    assert all(f.severity is Severity.WARN for f in found)
+
+
+def test_replay_and_correctable_ecc_warnings_name_what_grew() -> None:
+    from tests.unit.test_counter_rates import Node, ecc, pcie
+
+    gpu = Node()
+    gpu.run(0, pcie(0))
+    f = only(gpu.run(600, pcie(100)), "pcie_replay")
+    assert f.message == "100 PCIe replays in 600 s (10/min)"
+    gpu = Node()
+    gpu.run(0, ecc(0))
+    f = only(gpu.run(300, ecc(3000)), "ecc_correctable")
+    assert f.message == "3000 correctable ECC errors in 300 s (600/min)"
