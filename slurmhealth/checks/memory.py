@@ -107,4 +107,8 @@ def _row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     },
 )
 def ecc_correctable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _ecc_correctable(ctx, th)
+
+
+def _ecc_correctable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return rate_warnings(ctx, th, "ecc_correctable", "ecc_correctable", "correctable ECC errors")

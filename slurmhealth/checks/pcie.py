@@ -64,4 +64,8 @@ def _pcie_link(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     thresholds={"warn_per_min": 8, **RATE_THRESHOLDS},
 )
 def pcie_replay(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _pcie_replay(ctx, th)
+
+
+def _pcie_replay(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return rate_warnings(ctx, th, "pcie_replay", "pcie_replay", "PCIe replays")
