@@ -52,6 +52,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/test_xid_table.py",
             "tests/unit/test_kernel_checks.py",
             "tests/unit/test_xid_verdicts.py",
+            "tests/unit/test_xid_nvlink5.py",
         ],
     ),
     "kernel-position": (
@@ -132,6 +133,7 @@ class ModuleScore:
     survivors: list[str] = field(default_factory=list)
     equivalent: list[str] = field(default_factory=list)
     stale: list[str] = field(default_factory=list)
+    equivalent_shown: list[str] = field(default_factory=list)  # to check each reason still fits
 
     @property
     def total(self) -> int:
@@ -220,6 +222,7 @@ def run_group(
             score.statuses[status] += 1
             if mutant in equivalent and status in ("survived", "no tests"):
                 score.equivalent.append(mutant)
+                score.equivalent_shown.append(f"{mutant}: {_first_change(dest, mutant)}")
             elif mutant in equivalent:  # a test tells it apart: the entry is stale or renumbered
                 score.stale.append(f"{mutant} [{status}]: {_first_change(dest, mutant)}")
             elif status in ("survived", "no tests"):
@@ -262,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in scores:
         for line in s.survivors:
             print(f"survivor {line}")
+        for line in s.equivalent_shown:
+            print(f"equivalent {line}")
         for line in s.stale:
             print(f"listed as equivalent but killed (renumbered? fix {EQUIVALENT.name}): {line}")
     if args.json:
