@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from slurmhealth.checks import run_checks
-from slurmhealth.model import Action, GpuProcess, Severity
-from tests.unit.test_checks import ctx, healthy_gpu, node, of, only
+from slurmhealth.model import Action, GpuProcess, GpuState, Severity
+from tests.unit.test_checks import H100, ctx, healthy_gpu, healthy_link, node, of, only, with_link
 
 MIB = 2**20
 
@@ -104,3 +104,146 @@ def test_replay_and_correctable_ecc_warnings_name_what_grew() -> None:
     gpu.run(0, ecc(0))
     f = only(gpu.run(300, ecc(3000)), "ecc_correctable")
     assert f.message == "3000 correctable ECC errors in 300 s (600/min)"
+
+
+def test_a_replay_rate_warns_from_its_threshold_on_with_its_evidence() -> None:
+    from tests.unit.test_counter_rates import Node, pcie
+
+    for replays, t, evidence in [
+        (40, 300.0, {"per_min": 8.0, "count": 40, "window_s": 300.0}),  # 8/min: the threshold
+        (43, 300.0625, {"per_min": 8.598, "count": 43, "window_s": 300.062}),
+    ]:
+        gpu = Node()
+        gpu.run(0, pcie(0))
+        f = only(gpu.run(t, pcie(replays)), "pcie_replay")
+        assert (f.gpu, f.severity, f.action, f.evidence) == (
+            6,
+            Severity.WARN,
+            Action.WARN,
+            evidence,
+        )
+    gpu = Node()
+    gpu.run(0, pcie(0))
+    assert gpu.run(300, pcie(39)) == []  # 7.8/min
+
+
+def test_clock_limits_named_per_gpu_with_the_mask_and_clock() -> None:
+    """A GPU with no reason set before ones with faults: each fault reason its own finding,
+    normal reasons (idle, SW power cap) none."""
+    quiet = replace(healthy_gpu(0), clock_event_reasons=0)
+    hot = replace(healthy_gpu(2), clock_event_reasons=0x8 | 0x4 | 0x40, sm_clock_mhz=1005)
+    warm = replace(healthy_gpu(3), clock_event_reasons=0x20 | 0x1, sm_clock_mhz=1410)
+    found = of(run_checks(ctx(node(quiet, hot, warm))), "clock_events")
+    assert [(f.gpu, f.message, f.severity, f.action, f.evidence) for f in found] == [
+        (2, "clocks limited by hw slowdown", Severity.FAIL, Action.DRAIN,
+         {"reason": "hw_slowdown", "mask": "0x4c", "sm_clock_mhz": 1005}),
+        (2, "clocks limited by hw thermal", Severity.FAIL, Action.DRAIN,
+         {"reason": "hw_thermal", "mask": "0x4c", "sm_clock_mhz": 1005}),
+        (3, "clocks limited by sw thermal", Severity.WARN, Action.WARN,
+         {"reason": "sw_thermal", "mask": "0x21", "sm_clock_mhz": 1410}),
+    ]  # fmt: skip
+
+
+def test_thermal_margin_at_fail_and_below_warn_per_gpu() -> None:
+    unknown = replace(healthy_gpu(0), margin_temperature_c=None)
+    at_fail = replace(healthy_gpu(1), margin_temperature_c=0, temperature_c=87)
+    warm = replace(healthy_gpu(4), margin_temperature_c=4, temperature_c=83)
+    at_warn = replace(healthy_gpu(5), margin_temperature_c=5, temperature_c=82)
+    found = of(run_checks(ctx(node(unknown, at_fail, warm, at_warn))), "thermal_margin")
+    assert [(f.gpu, f.message, f.severity, f.action, f.evidence) for f in found] == [
+        (1, "0 C of thermal margin left (87 C)", Severity.FAIL, Action.DRAIN,
+         {"margin_c": 0, "temperature_c": 87}),
+        (4, "4 C of thermal margin left (83 C)", Severity.WARN, Action.WARN,
+         {"margin_c": 4, "temperature_c": 83}),
+    ]  # fmt: skip
+
+
+def test_nvlinks_down_per_gpu_as_check_prints_them() -> None:
+    """A GPU without NVLink support first, then: a link down (with its peer), a link the
+    design has but NVML does not report, links beyond the design that are off, and a MIG
+    GPU (NVLink unused there)."""
+    unsupported = replace(healthy_gpu(0), nvlinks=None)
+    down = with_link(healthy_gpu(1), 3, active=False)
+    short = healthy_gpu(2, links=17)
+    links = tuple(healthy_link(n, active=n < 18) for n in range(20))  # 18 and 19: off by design
+    extra = replace(healthy_gpu(4), nvlinks=links)
+    mig = replace(with_link(healthy_gpu(5), 1, active=False), mig_mode=True)
+    found = of(run_checks(ctx(node(unsupported, down, short, extra, mig))), "nvlink_inactive")
+    assert [(f.gpu, f.message, f.evidence) for f in found] == [
+        (1, "NVLink 3 inactive", {"link": 3, "expected_links": 18,
+                                  "remote_pci_bus_id": healthy_link(3).remote_pci_bus_id}),
+        (2, "NVLink 17 missing", {"link": 17, "remote_pci_bus_id": None, "expected_links": 18}),
+    ]  # fmt: skip
+
+
+def test_nvlinks_per_model_counts_unless_the_node_sets_topology_says_otherwise() -> None:
+    sixteen = replace(healthy_gpu(1), nvlinks=tuple(
+        healthy_link(n, active=n < 16) for n in range(18)))  # fmt: skip
+    configured = ctx(node(sixteen), nvlinks_per_model={H100: 16})
+    assert of(run_checks(configured), "nvlink_inactive") == []
+    unknown = ctx(node(sixteen), nvlinks_per_model={"NVIDIA X1": 16})  # another model's count
+    assert [f.evidence["link"] for f in of(run_checks(unknown), "nvlink_inactive")] == [16, 17]
+    overridden = ctx(node(sixteen), nvlinks_per_model={H100: 16}, topology={"nvlinks": 17})
+    found = of(run_checks(overridden), "nvlink_inactive")  # under the count: every link off
+    assert [(f.message, f.evidence["expected_links"]) for f in found] == [
+        ("NVLink 16 inactive", 17), ("NVLink 17 inactive", 17)
+    ]  # fmt: skip
+
+
+def test_nvlink_errors_as_check_prints_them() -> None:
+    from tests.unit.test_counter_rates import Node
+
+    def link4(**counters: int) -> GpuState:
+        return with_link(healthy_gpu(2), 4, **counters)
+
+    zero = {"replay_errors": 0, "recovery_errors": 0, "crc_flit_errors": 0, "crc_data_errors": 0}
+    gpu = Node()
+    gpu.run(0, link4(**zero))
+    f = only(gpu.run(300, link4(replay_errors=10, recovery_errors=3, crc_flit_errors=20000,
+                                crc_data_errors=10000)), "nvlink_errors")  # fmt: skip
+    assert (f.gpu, f.severity, f.action) == (2, Severity.FAIL, Action.DRAIN)
+    assert f.message == (
+        "NVLink 4 errors growing: replay 2/min, recovery 0.6/min, crc 100/s over 300 s "
+        "(judged from 300 s and 5 errors)"  # 3 recoveries: too few to judge
+    )
+    assert f.evidence == {
+        "link": 4, "replay_per_min": 2.0, "recovery_per_min": 0.6, "crc_per_s": 100.0,
+        "counts": {"replay": 10, "recovery": 3, "crc": 30000}, "window_s": 300.0,
+        "failing": ["replay", "crc"],
+    }  # fmt: skip
+    gpu = Node()
+    gpu.run(0, link4(**zero))
+    at = only(gpu.run(300, link4(replay_errors=5, recovery_errors=5, crc_flit_errors=29999)),
+              "nvlink_errors")  # fmt: skip
+    assert at.message == (
+        "NVLink 4 errors growing: replay 1/min, recovery 1/min, crc 100/s over 300 s"
+    )  # at the replay and recovery limits (they fail), just below the CRC one
+    assert (at.evidence["failing"], at.evidence["crc_per_s"]) == (["replay", "recovery"], 99.997)
+    gpu = Node()
+    gpu.run(0, link4(**zero))
+    odd = only(gpu.run(300.0625, link4(replay_errors=7)), "nvlink_errors")
+    assert odd.message == "NVLink 4 errors growing: replay 1.4/min over 300 s"
+    assert {k: odd.evidence[k] for k in ("replay_per_min", "recovery_per_min", "crc_per_s",
+                                         "window_s", "counts")} == {
+        "replay_per_min": 1.4, "recovery_per_min": 0.0, "crc_per_s": 0.0, "window_s": 300.062,
+        "counts": {"replay": 7},
+    }  # fmt: skip
+    gpu = Node()
+    gpu.run(0, link4(**zero))
+    burst = only(gpu.run(300, link4(crc_flit_errors=29999)), "nvlink_errors")
+    assert (burst.severity, burst.action, burst.evidence["failing"]) == (
+        Severity.WARN, Action.WARN, []
+    )  # fmt: skip
+    assert burst.evidence["replay_per_min"] == 0.0
+
+
+def test_uncorrectable_ecc_errors_per_gpu_volatile_before_lifetime() -> None:
+    vol = replace(healthy_gpu(1), ecc_volatile_uncorrectable=2, ecc_aggregate_uncorrectable=7)
+    agg = replace(healthy_gpu(3), ecc_volatile_uncorrectable=0, ecc_aggregate_uncorrectable=4)
+    found = of(run_checks(ctx(node(vol, agg))), "ecc_uncorrectable")
+    assert [(f.gpu, f.message, f.severity, f.action, f.evidence) for f in found] == [
+        (1, "2 volatile uncorrectable ECC error(s)", Severity.FAIL, Action.RESET,
+         {"volatile": 2, "aggregate": 7}),
+        (3, "4 aggregate (lifetime) uncorrectable ECC error(s)", Severity.WARN, Action.WARN,
+         {"aggregate": 4}),
+    ]  # fmt: skip
