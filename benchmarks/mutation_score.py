@@ -119,7 +119,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     "remediation-run": (["slurmhealth/hooks/remediate.py"], ["tests/unit/test_remediate.py"]),
     "sweep": (
         ["slurmhealth/sweep/verdict.py", "slurmhealth/sweep/plan.py"],
-        ["tests/unit/test_sweep_verdict.py", "tests/unit/test_sweep_plan.py"],
+        [f"tests/unit/test_sweep_{t}.py" for t in ("verdict", "evidence", "plan")],
     ),
 }
 # slurmhealth.checks.xid.x_judge__mutmut_3, slurmhealth.hooks.drain.xǁDrainOutcomeǁm__mutmut_1
