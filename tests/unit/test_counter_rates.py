@@ -216,3 +216,56 @@ def test_correctable_ecc_trickle_is_silent_a_sustained_rate_warns() -> None:
     assert gpu.run(3600, ecc(60)) == []  # one a minute for an hour
     f = only(gpu.run(3900, ecc(60 + 3000)), "ecc_correctable")  # 600/min over 5 minutes
     assert f.severity is Severity.WARN and f.action is Action.WARN
+
+
+def test_what_is_stored_of_each_gpus_counters() -> None:
+    """Counters quiet over the GPU's common span as one value; one read is quiet too; a
+    counter that grew, or was quiet over another span, as its ring."""
+    history = {"v": 2, "gpus": {
+        "g1": {"a": [[10.0, 5], [20.0, 5]], "b": [[10.0, 1], [20.0, 3]],
+               "c": [[15.0, 7], [20.0, 7]]},
+        "g2": {"x": [[30.0, 2]]},
+        "g3": {"m": [[10.0, 1], [20.0, 2]]},
+    }}  # fmt: skip
+    assert pack(history) == {"v": 2, "gpus": {
+        "g1": {"span": [10.0, 20.0], "quiet": {"a": 5},
+               "rings": {"b": [[10.0, 1], [20.0, 3]], "c": [[15.0, 7], [20.0, 7]]}},
+        "g2": {"span": [30.0, 30.0], "quiet": {"x": 2}, "rings": {}},
+        "g3": {"span": [], "quiet": {}, "rings": {"m": [[10.0, 1], [20.0, 2]]}},
+    }}  # fmt: skip
+    assert load(pack(history)) == history
+    assert pack({}) == {"v": 2, "gpus": {}}
+
+
+def test_a_sites_longer_window_is_kept_in_the_history() -> None:
+    """min_window_s 900: the history reaches back 900 s, so a sustained rate fails at 900 s."""
+    assert window_of({"nvlink_errors": {"min_window_s": 900}}) == 900.0
+    rates = [n for n, spec in catalog().items() if "min_window_s" in spec.thresholds]
+    assert window_of({n: {"min_window_s": 0} for n in rates}) == 0.0
+    gpu = Node({"nvlink_errors": {"min_window_s": 900}})
+    runs = [gpu.run(t, replays(2 * t // 60)) for t in range(0, 960, 300)]  # 2/min
+    f = only(runs[-1], "nvlink_errors")
+    assert f.failing and f.evidence["window_s"] == pytest.approx(900.0)
+
+
+def test_a_gpu_without_counters_is_judged_without_them() -> None:
+    bare = replace(healthy_gpu(3), nvlinks=None, pcie_replay_errors=None,
+                   ecc_volatile_correctable=None)  # fmt: skip
+    snap = node(bare, count=4)
+    assert healthy_gpu(3).uuid not in counters_of(snap)
+    assert run_checks(CheckContext(snap, counter_history=load(None))) == []
+
+
+def test_the_window_starts_at_the_newest_read_old_enough() -> None:
+    """Reads at 0, 300 and 600 s: the read exactly min_window_s old starts the window."""
+    gpu = Node()
+    gpu.run(0, replays(0))
+    gpu.run(300, replays(10))
+    f = only(gpu.run(600, replays(20)), "nvlink_errors")
+    assert (f.evidence["window_s"], f.evidence["counts"]) == (pytest.approx(300.0), {"replay": 10})
+
+
+def test_a_counter_no_longer_read_judges_nothing() -> None:
+    gpu = Node()
+    gpu.run(0, pcie(0))
+    assert gpu.run(600, replace(pcie(0), pcie_replay_errors=None)) == []

@@ -6,7 +6,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from slurmhealth.checks import CheckContext, run_checks
-from slurmhealth.model import Action, Finding, ImexState, Severity
+from slurmhealth.model import (
+    FABRIC_HEALTH_FIELDS,
+    Action,
+    Finding,
+    GpuState,
+    ImexState,
+    Severity,
+    fabric_health,
+)
 from tests.unit.test_checks import ctx, healthy_gpu, node, of, only
 
 
@@ -55,3 +63,39 @@ def test_imex_without_its_daemon_or_a_channel() -> None:
 def test_imex_ready_or_not_asked_for_is_silent() -> None:
     assert _imex(ImexState(daemon_running=True, channels=("channel0",))) == []
     assert _imex(None) == []
+
+
+def mask(**fields: int) -> int:
+    """A fabric health mask: every field healthy but those given (value index per field)."""
+    healthy = {"degraded_bw": 2, "route_recovery": 2, "route_unhealthy": 2,
+               "access_timeout_recovery": 2, "incorrect_configuration": 1,
+               "partition_assigned": 1, "gfm_state": 1}  # fmt: skip
+    return sum(v << FABRIC_HEALTH_FIELDS[k][0] for k, v in (healthy | fields).items())
+
+
+def test_fabric_health_degraded_or_recovering_per_gpu_with_its_mask() -> None:
+    def on(i: int, health: int) -> GpuState:
+        return replace(healthy_gpu(i), fabric_state="completed", fabric_status="ok",
+                       fabric_health_mask=health, fabric_clique_id=32766,
+                       fabric_cluster_uuid="c0ffee00-0000")  # fmt: skip
+
+    degraded = on(1, mask(degraded_bw=1, route_unhealthy=1, route_recovery=1))
+    unassigned = on(2, mask(partition_assigned=2, gfm_state=2, incorrect_configuration=4))
+    recovering = on(3, mask(route_recovery=1, access_timeout_recovery=1))
+    fine, unknown = on(4, mask()), on(5, 0)
+    found = of(run_checks(ctx(node(degraded, unassigned, recovering, fine, unknown))),
+               "fabric_state")  # fmt: skip
+    assert [(f.gpu, f.severity, f.action, f.message) for f in found] == [
+        (1, Severity.FAIL, Action.DRAIN,
+         "NVLink fabric health degraded: degraded_bw degraded, route_unhealthy unhealthy"),
+        (2, Severity.FAIL, Action.DRAIN, "NVLink fabric health degraded: partition_assigned "
+         "unassigned, gfm_state disconnected, incorrect_configuration no_partition"),
+        (3, Severity.WARN, Action.WARN, "NVLink fabric health recovering: route_recovery "
+         "in_progress, access_timeout_recovery in_progress"),
+    ]  # fmt: skip
+    assert found[0].evidence == {
+        "state": "completed", "health": fabric_health(degraded.fabric_health_mask or 0),
+        "health_mask": degraded.fabric_health_mask, "clique_id": 32766,
+        "cluster_uuid": "c0ffee00-0000",
+    }  # fmt: skip
+    assert found[0].evidence["health"]["route_recovery"] == "in_progress"  # shown, not listed

@@ -79,6 +79,14 @@ def test_row_remap_failure_pending_and_retired_pages() -> None:
     assert found[0].action is Action.DRAIN and found[1].action is Action.RESET
 
 
+def test_an_unknown_utilization_is_idle_whatever_the_sites_threshold() -> None:
+    unknown = replace(healthy_gpu(2), pcie_gen=3, pcie_gen_max=5, utilization_gpu_pct=None)
+    settings = {"pcie_link": {"min_util_for_gen_pct": 1}}
+    assert of(run_checks(ctx(node(unknown)), settings), "pcie_link") == []
+    busy = replace(unknown, utilization_gpu_pct=1)
+    assert [f.gpu for f in of(run_checks(ctx(node(busy)), settings), "pcie_link")] == [2]
+
+
 def test_a_downgraded_pcie_link() -> None:
     narrow = replace(healthy_gpu(1), pcie_width=8, pcie_width_max=16)
     slow = replace(healthy_gpu(2), pcie_gen=3, pcie_gen_max=5, utilization_gpu_pct=50)
@@ -221,13 +229,19 @@ def test_nvlink_errors_as_check_prints_them() -> None:
     assert (at.evidence["failing"], at.evidence["crc_per_s"]) == (["replay", "recovery"], 99.997)
     gpu = Node()
     gpu.run(0, link4(**zero))
-    odd = only(gpu.run(300.0625, link4(replay_errors=7)), "nvlink_errors")
-    assert odd.message == "NVLink 4 errors growing: replay 1.4/min over 300 s"
+    odd = only(gpu.run(300.0625, link4(replay_errors=7, recovery_errors=7)), "nvlink_errors")
+    assert odd.message == "NVLink 4 errors growing: replay 1.4/min, recovery 1.4/min over 300 s"
     assert {k: odd.evidence[k] for k in ("replay_per_min", "recovery_per_min", "crc_per_s",
                                          "window_s", "counts")} == {
-        "replay_per_min": 1.4, "recovery_per_min": 0.0, "crc_per_s": 0.0, "window_s": 300.062,
-        "counts": {"replay": 7},
+        "replay_per_min": 1.4, "recovery_per_min": 1.4, "crc_per_s": 0.0, "window_s": 300.062,
+        "counts": {"replay": 7, "recovery": 7},
     }  # fmt: skip
+    gpu = Node()
+    gpu.run(0, link4(**zero))
+    five = only(gpu.run(5, link4(replay_errors=5)), "nvlink_errors")  # min_count, too soon
+    assert (five.severity, five.action, five.evidence["failing"]) == (
+        Severity.WARN, Action.WARN, []
+    )  # fmt: skip
     gpu = Node()
     gpu.run(0, link4(**zero))
     burst = only(gpu.run(300, link4(crc_flit_errors=29999)), "nvlink_errors")
