@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from slurmhealth.checks import CheckContext, catalog, run_checks
-from slurmhealth.checks.counters import counters_of, load, pack, remember, window_of
+from slurmhealth.checks.counters import FORGET_S, counters_of, load, pack, remember, window_of
 from slurmhealth.model import Action, Finding, GpuState, Severity
 from tests.unit.test_checks import TS, healthy_gpu, node, of, only, with_link
 
@@ -269,3 +269,40 @@ def test_a_counter_no_longer_read_judges_nothing() -> None:
     gpu = Node()
     gpu.run(0, pcie(0))
     assert gpu.run(600, replace(pcie(0), pcie_replay_errors=None)) == []
+
+
+def test_a_counters_ring_read_after_read() -> None:
+    """Window 300 s (points closer than 37.5 s merge): what the history holds of one counter
+    after each read: growth, a run of equal reads, the window's start, the clock going back,
+    a second read of the same time, times kept to the millisecond."""
+    history = load(None)
+    steps = [
+        (0, 0, [[0, 0]]),
+        (10, 1, [[0, 0], [10, 1]]),
+        (20, 2, [[0, 0], [20, 2]]),  # 20 s after the point before: merged into the last
+        (57.5, 3, [[0, 0], [20, 2], [57.5, 3]]),  # 37.5 s after it: a point of its own
+        (60, 3, [[0, 0], [20, 2], [57.5, 3], [60, 3]]),
+        (100, 3, [[0, 0], [20, 2], [57.5, 3], [100, 3]]),  # the run of 3s grows
+        (357.5, 4, [[57.5, 3], [100, 3], [357.5, 4]]),  # points older than the window go
+        (360, 4, [[57.5, 3], [100, 3], [357.5, 4], [360, 4]]),
+        (358.5, 4, [[358.5, 4]]),  # the clock went back: a new window
+        (358.5, 6, [[358.5, 4], [358.5, 6]]),
+        (400.123456, 7, [[358.5, 4], [358.5, 6], [400.123, 7]]),
+        (361, 7, [[361, 7]]),
+        (362, 5, [[362, 5]]),  # the counter went back (a reset)
+    ]
+    for ts, value, ring in steps:
+        snap = replace(node(count=0), ts=ts)
+        remember(history, snap, 300.0, counters={"g": {"k": value}})
+        assert history["gpus"]["g"]["k"] == ring, (ts, value)
+
+
+def test_a_gpu_not_read_for_30_days_is_forgotten() -> None:
+    now = TS + 100 * 86400
+    history = load({"v": 2, "gpus": {
+        "kept": {"span": [], "quiet": {}, "rings": {"k": [[now - FORGET_S, 1]]}},
+        "gone": {"span": [], "quiet": {}, "rings": {"k": [[now - FORGET_S - 1, 1]]}},
+        "empty": {"span": [], "quiet": {}, "rings": {}},
+    }})  # fmt: skip
+    remember(history, replace(node(count=0), ts=now), 300.0)
+    assert sorted(history["gpus"]) == ["kept"]

@@ -192,6 +192,8 @@ def test_nvlinks_per_model_counts_unless_the_node_sets_topology_says_otherwise()
     unknown = ctx(node(sixteen), nvlinks_per_model={"NVIDIA X1": 16})  # another model's count
     assert [f.evidence["link"] for f in of(run_checks(unknown), "nvlink_inactive")] == [16, 17]
     overridden = ctx(node(sixteen), nvlinks_per_model={H100: 16}, topology={"nvlinks": 17})
+    by_sku = ctx(node(sixteen), nvlinks_per_model={H100: 16}, topology={"sku": "h200-sxm"})
+    assert [f.evidence["link"] for f in of(run_checks(by_sku), "nvlink_inactive")] == [16, 17]
     found = of(run_checks(overridden), "nvlink_inactive")  # under the count: every link off
     assert [(f.message, f.evidence["expected_links"]) for f in found] == [
         ("NVLink 16 inactive", 17), ("NVLink 17 inactive", 17)
@@ -261,3 +263,12 @@ def test_uncorrectable_ecc_errors_per_gpu_volatile_before_lifetime() -> None:
         (3, "4 aggregate (lifetime) uncorrectable ECC error(s)", Severity.WARN, Action.WARN,
          {"aggregate": 4}),
     ]  # fmt: skip
+
+
+def test_a_node_without_active_nvlinks_still_judges_its_known_models() -> None:
+    """No link up anywhere: a model nobody knows is not judged, an H100 after it is."""
+    dark = tuple(healthy_link(n, active=False) for n in range(18))
+    odd = replace(healthy_gpu(0), name="NVIDIA X1", nvlinks=dark)
+    h100 = replace(healthy_gpu(1), nvlinks=dark)
+    found = of(run_checks(ctx(node(odd, h100, count=2))), "nvlink_inactive")
+    assert {f.gpu for f in found} == {1} and len(found) == 18
