@@ -11,7 +11,7 @@ import pytest
 
 from slurmhealth.checks import CheckContext, catalog, run_checks
 from slurmhealth.checks.counters import FORGET_S, counters_of, load, pack, remember, window_of
-from slurmhealth.model import Action, Finding, GpuState, Severity
+from slurmhealth.model import Action, Finding, GpuState, GpuStatus, Severity
 from tests.unit.test_checks import TS, healthy_gpu, node, of, only, with_link
 
 WINDOW = window_of()
@@ -306,3 +306,24 @@ def test_a_gpu_not_read_for_30_days_is_forgotten() -> None:
     }})  # fmt: skip
     remember(history, replace(node(count=0), ts=now), 300.0)
     assert sorted(history["gpus"]) == ["kept"]
+
+
+def test_counters_only_of_readable_gpus_with_a_uuid_and_crc_only_when_read() -> None:
+    no_uuid = replace(healthy_gpu(0), uuid=None)
+    lost = replace(healthy_gpu(1), status=GpuStatus.LOST)
+    no_crc = with_link(healthy_gpu(2), 4, crc_flit_errors=None, crc_data_errors=None)
+    counters = counters_of(node(no_uuid, lost, no_crc, count=4))
+    assert sorted(counters) == [healthy_gpu(2).uuid, healthy_gpu(3).uuid]
+    mine = counters[healthy_gpu(2).uuid or ""]
+    assert "nvlink.4.crc" not in mine and "nvlink.4.replay" in mine and "nvlink.3.crc" in mine
+
+
+def test_growth_needs_time_between_reads() -> None:
+    """Two reads of the same second judge nothing; half a second apart they warn."""
+    gpu = Node()
+    gpu.run(0, replays(0))
+    assert gpu.run(0, replays(6)) == []
+    gpu = Node()
+    gpu.run(0, replays(0))
+    f = only(gpu.run(0.5, replays(6)), "nvlink_errors")
+    assert (f.severity, f.evidence["window_s"]) == (Severity.WARN, 0.5)

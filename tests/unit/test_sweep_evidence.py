@@ -270,6 +270,10 @@ def test_the_node_with_the_largest_share_of_slow_partners_is_accused_first() -> 
         ("node", ("A",), 0.67), ("node", ("B",), 0.44)
     ]  # fmt: skip
     assert v.suspects[1].summary.startswith("B: slow with 2 of 3 partners (D 100.0 GB/s")
+    leaves = {n: "leaf1" for p in pairs for n in p}  # node suspects name no switch path
+    with_switches = judge(pairs_at({("A", "B"), ("A", "C"), ("B", "D"), ("B", "E")}, pairs),
+                          switches=leaves)  # fmt: skip
+    assert with_switches.suspects == v.suspects
 
 
 def test_of_equal_shares_the_node_with_more_slow_partners_is_accused_first() -> None:
