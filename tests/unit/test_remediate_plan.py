@@ -385,3 +385,72 @@ def test_dry_run_goes_on_past_a_node_it_cannot_read(tmp_path: Path) -> None:
     assert rows["n1"]["why"].startswith("its history is not readable here")
     assert (rows["n2"]["action"], rows["n2"]["why"]) == ("reset", "")
     assert (rows["n3"]["action"], rows["n3"]["why"]) == ("none", "no recorded fault to repair")
+
+
+def test_the_fault_named_for_two_findings_and_for_a_reboot() -> None:
+    from slurmhealth.checks.remediation import plan
+
+    assert plan([_f("row_remap", 4), _f("gpu_lost", 1)]).fault == "row_remap gpu4 m (+1 more)"
+    reboot = plan([_f("gpu_lost", None, message="node-wide")])  # no GPU to reset: reboot
+    assert (reboot.step, reboot.fault) == ("reboot", "gpu_lost node-wide")
+
+
+def test_a_second_incident_in_the_same_second_rewrites_the_file(tmp_path: Path) -> None:
+    import json
+
+    cfg = _cfg(tmp_path)
+    doc = {"node": "n1", "fault": "gpu_lost gpu3", "log": tmp_path / "x.log"}  # not JSON
+    first = rp.write_incident(cfg, "n1", doc, lambda folder: {}, now=1_700_000_000.0)
+    again = rp.write_incident(cfg, "n1", {**doc, "fault": "later"}, lambda folder: {},
+                              now=1_700_000_000.0)  # fmt: skip
+    assert again == first
+    text = (Path(again) / "incident.json").read_text()
+    assert json.loads(text)["fault"] == "later"
+    assert json.loads(text)["log"] == str(tmp_path / "x.log")  # written as its text
+    assert text.splitlines()[1] == '  "schema": "slurmhealth.remediation-incident/1",'
+
+
+def test_dry_run_reads_each_nodes_own_history_file_and_the_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """paths.db with {node}: each node's file; [remediate] partitions from Slurm's listing;
+    the node's latest drain (not a later row of another state), its own steps only."""
+    from slurmhealth import slurm as slurm_mod
+    from slurmhealth.history import Batch, History
+
+    (tmp_path / "config.toml").write_text("")
+    cfg = load_config(
+        str(tmp_path / "config.toml"),
+        env={},
+        flags={"remediate.enabled": True, "node.name": "n1", "remediate.partitions": ["gpu"],
+               "paths.db": str(tmp_path / "history-{node}.db")},
+    )  # fmt: skip
+
+    def drained(node: str, findings: list[dict[str, Any]], ts: float = 10.0) -> dict[str, Any]:
+        return {"ts": ts, "node": node, "state": "drained", "reason": OURS, "actor": "x",
+                "detail": {"findings": findings}}  # fmt: skip
+
+    later = {**drained("n1", []), "ts": 20.0, "state": "suppressed"}
+    theirs = {"ts": 1.0, "node": "n9", "action": "reset", "outcome": "failed",
+              "started": time.time() - 60}  # fmt: skip
+    with History(tmp_path / "history-n1.db") as history:
+        history.write(Batch(inserts=[("drains", drained("n1", [RESET])), ("drains", later),
+                                     ("remediations", theirs)]))  # fmt: skip
+    with History(tmp_path / "history-n2.db") as history:
+        history.write(Batch(inserts=[("drains", drained("n2", [{**RESET, "action": "drain"}]))]))
+    nodes = [NodeInfo(n, "drained", OURS, "root") for n in ("n1", "n2", "n3")]
+    asked: list[float] = []
+
+    def partitions(timeout: float) -> dict[str, list[str]]:
+        asked.append(timeout)
+        return {"n1": ["gpu"], "n2": ["gpu", "debug"], "n3": ["debug"]}
+
+    monkeypatch.setattr(slurm_mod, "open_slurm", lambda backend, timeout: RecordingSlurm(nodes))
+    monkeypatch.setattr(slurm_mod, "node_partitions", partitions)
+    rows = {r["node"]: r for r in rp.dry_run(cfg)["nodes"]}
+    assert asked and set(asked) == {cfg.slurm.command_timeout_s}
+    assert (rows["n1"]["action"], rows["n1"]["gpus"], rows["n1"]["attempts"]) == ("reset", [4], 0)
+    assert (rows["n2"]["action"], rows["n2"]["why"]) == (
+        "none", "needs hands: row_remap gpu4 pending"
+    )  # fmt: skip
+    assert rows["n3"]["why"] == "outside [remediate] partitions/nodes"
