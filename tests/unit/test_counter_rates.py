@@ -279,17 +279,24 @@ def test_a_counters_ring_read_after_read() -> None:
     steps = [
         (0, 0, [[0, 0]]),
         (10, 1, [[0, 0], [10, 1]]),
-        (20, 2, [[0, 0], [20, 2]]),  # 20 s after the point before: merged into the last
-        (57.5, 3, [[0, 0], [20, 2], [57.5, 3]]),  # 37.5 s after it: a point of its own
-        (60, 3, [[0, 0], [20, 2], [57.5, 3], [60, 3]]),
-        (100, 3, [[0, 0], [20, 2], [57.5, 3], [100, 3]]),  # the run of 3s grows
-        (357.5, 4, [[57.5, 3], [100, 3], [357.5, 4]]),  # points older than the window go
-        (360, 4, [[57.5, 3], [100, 3], [357.5, 4], [360, 4]]),
-        (358.5, 4, [[358.5, 4]]),  # the clock went back: a new window
-        (358.5, 6, [[358.5, 4], [358.5, 6]]),
-        (400.123456, 7, [[358.5, 4], [358.5, 6], [400.123, 7]]),
-        (361, 7, [[361, 7]]),
-        (362, 5, [[362, 5]]),  # the counter went back (a reset)
+        (20, 2, [[0, 0], [20, 2]]),  # 20 s after the point before the last: merged into it
+        (37.5, 3, [[0, 0], [20, 2], [37.5, 3]]),  # 37.5 s (window / 8) after it: a point
+        (40, 4, [[0, 0], [20, 2], [40, 4]]),
+        (80, 4, [[0, 0], [20, 2], [40, 4], [80, 4]]),
+        (100, 4, [[0, 0], [20, 2], [40, 4], [100, 4]]),  # the run of 4s grows
+        (380, 5, [[40, 4], [100, 4], [380, 5]]),  # points older than the window go
+        (390, 6, [[40, 4], [100, 4], [380, 5], [390, 6]]),
+        (395, 5, [[395, 5]]),  # the counter went back (a reset): a new window
+        (400, 5, [[395, 5], [400, 5]]),
+        (410, 7, [[395, 5], [410, 7]]),
+        (420, 7, [[395, 5], [420, 7]]),
+        (419, 7, [[419, 7]]),  # the clock went back
+        (419, 8, [[419, 7], [419, 8]]),  # a second read of the same time
+        (420.123456, 9, [[419, 7], [420.123, 9]]),  # times to the millisecond
+        (421, 8, [[421, 8]]),
+        (425, 9, [[421, 8], [425, 9]]),
+        (500, 10, [[421, 8], [425, 9], [500, 10]]),
+        (501, 9, [[501, 9]]),  # back to the middle point's value: still a reset
     ]
     for ts, value, ring in steps:
         snap = replace(node(count=0), ts=ts)

@@ -83,8 +83,9 @@ def test_fabric_health_degraded_or_recovering_per_gpu_with_its_mask() -> None:
     unassigned = on(2, mask(partition_assigned=2, gfm_state=2, incorrect_configuration=4))
     recovering = on(3, mask(route_recovery=1, access_timeout_recovery=1))
     fine, unknown = on(4, mask()), on(5, 0)
-    found = of(run_checks(ctx(node(degraded, unassigned, recovering, fine, unknown))),
-               "fabric_state")  # fmt: skip
+    no_config_field = on(6, mask(incorrect_configuration=0))  # a mask without the field
+    snap = node(degraded, unassigned, recovering, fine, unknown, no_config_field)
+    found = of(run_checks(ctx(snap)), "fabric_state")
     assert [(f.gpu, f.severity, f.action, f.message) for f in found] == [
         (1, Severity.FAIL, Action.DRAIN,
          "NVLink fabric health degraded: degraded_bw degraded, route_unhealthy unhealthy"),

@@ -250,7 +250,7 @@ def test_nvlink_errors_as_check_prints_them() -> None:
     assert (burst.severity, burst.action, burst.evidence["failing"]) == (
         Severity.WARN, Action.WARN, []
     )  # fmt: skip
-    assert burst.evidence["replay_per_min"] == 0.0
+    assert (burst.evidence["replay_per_min"], burst.evidence["recovery_per_min"]) == (0.0, 0.0)
 
 
 def test_uncorrectable_ecc_errors_per_gpu_volatile_before_lifetime() -> None:
