@@ -292,6 +292,8 @@ def test_a_node_slow_with_half_its_partners_is_not_accused() -> None:
         ("link", ("n1", "n2")),
         ("link", ("n1", "n3")),
     ]
+    four = judge(pairs_at({("n1", "n2"), ("n1", "n3")}, pairs[:-2]))  # 2 of 4 exactly
+    assert {s.kind for s in four.suspects} == {"link"}
     link = v.suspects[0]  # n1's other slow pair is no fine partner; 3 + 3 fine ones: sure
     assert link.summary.endswith("n1 fine with 3, n2 with 3 other partners")
     assert link.confidence == 1.0

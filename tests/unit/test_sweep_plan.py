@@ -228,3 +228,59 @@ def test_the_sweep_loop_round_by_round() -> None:
     assert (one.jobs, one.rounds) == (6, 2)  # the rounds asked for, nothing slow
     empty = plan.drive(["n1"], ["ib"], None, fabric.measure, judge)
     assert (empty.jobs, empty.rounds, empty.verdict.inconclusive) == (0, 0, "no test ran")
+
+
+def _next_all(values: dict[tuple[str, ...], list[float | None]], nodes: list[str],
+              tests: tuple[str, ...] = ("nccl",)) -> list[list[Any]]:  # fmt: skip
+    res = [Result(t, k, 1, a, v) for t in tests for k, vs in values.items()
+           for a, v in enumerate(vs, 1)]  # fmt: skip
+    verdict = judge(res, pinned={f"{t}.pair": F for t in tests})
+    return [[(t.nodes, t.attempt, t.tests) for t in r] for r in plan.followups(verdict, nodes, 7)]
+
+
+def test_each_endpoint_of_a_slow_pair_is_considered_on_its_own() -> None:
+    """a met 3 partners (enough), b one: b alone gets a fresh partner; likewise when a has
+    no fresh node left to meet."""
+    enough = {("a", "b"): [S], ("a", "c"): [F], ("a", "d"): [F], ("c", "d"): [F], ("e", "f"): [F]}
+    none_left = {("a", "b"): [S], ("a", "c"): [F]}
+    for values, nodes in ((enough, list("abcdef")), (none_left, list("abc"))):
+        assert _next_all(values, nodes) == [
+            [(("a", "b"), 2, ("nccl",))], [(("b", "c"), 1, ("nccl",))]
+        ]  # fmt: skip
+
+
+def test_a_node_that_sat_out_every_round_is_a_fresh_partner() -> None:
+    res = [Result("nccl", (n,), 0, 1, 480.0) for n in "abc"]  # one round of 3: a sits out
+    res.append(Result("nccl", ("b", "c"), 1, 1, S))
+    got = plan.followups(judge(res, pinned={"nccl.pair": F}), list("abc"), 2)
+    assert [[(t.nodes, t.attempt) for t in r] for r in got] == [
+        [(("a", "b"), 1)], [(("a", "c"), 1)], [(("b", "c"), 2)]
+    ]  # fmt: skip
+
+
+def test_fresh_partners_per_test_never_meet_twice_and_spread_the_load() -> None:
+    two_tests = _next_all({("a", "b"): [S], ("c", "d"): [F]}, list("abcd"), ("ib", "nccl"))
+    assert two_tests == [
+        [(("a", "b"), 2, ("ib", "nccl"))],
+        [(("a", "c"), 1, ("ib",)), (("b", "d"), 1, ("ib",))],
+        [(("a", "d"), 1, ("nccl",)), (("b", "c"), 1, ("nccl",))],  # not c and d again
+    ]
+    four = _next_all({("a", "b"): [S], ("c", "d"): [S], ("e", "f"): [F]}, list("abcdef"))
+    assert four[1:] == [
+        [(("a", "e"), 1, ("nccl",)), (("b", "f"), 1, ("nccl",))],
+        [(("c", "e"), 1, ("nccl",)), (("d", "f"), 1, ("nccl",))],  # e and f twice each
+    ]
+
+
+def test_a_repeat_of_a_node_alone_does_not_count_against_its_pairs() -> None:
+    nodes = [f"n{i}" for i in range(8)]
+    res = [
+        Result("nccl", t.nodes, t.round, 1,
+               (185.0 if "n5" in t.nodes else 370.0) if len(t.nodes) == 2
+               else (240.0 if t.nodes == ("n5",) else 480.0))
+        for r in plan.base_plan(nodes, ["nccl"]) for t in r
+    ]  # fmt: skip
+    got = plan.followups(judge(res), nodes, 9)
+    assert [[(t.nodes, t.attempt) for t in r] for r in got] == [
+        [(("n0", "n5"), 2)], [(("n1", "n5"), 2)], [(("n5",), 2)]
+    ]  # fmt: skip
