@@ -297,6 +297,13 @@ def test_a_counters_ring_read_after_read() -> None:
         (425, 9, [[421, 8], [425, 9]]),
         (500, 10, [[421, 8], [425, 9], [500, 10]]),
         (501, 9, [[501, 9]]),  # back to the middle point's value: still a reset
+        (540, 10, [[501, 9], [540, 10]]),
+        (600, 11, [[501, 9], [540, 10], [600, 11]]),
+        (840, 12, [[540, 10], [600, 11], [840, 12]]),  # the next point exactly 300 s old
+        (850, 12, [[540, 10], [600, 11], [840, 12], [850, 12]]),
+        (845, 12, [[845, 12]]),  # the clock went back, the value unchanged
+        (900, 12, [[845, 12], [900, 12]]),
+        (900, 12, [[845, 12], [900, 12]]),  # the same read again
     ]
     for ts, value, ring in steps:
         snap = replace(node(count=0), ts=ts)
