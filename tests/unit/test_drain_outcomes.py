@@ -198,3 +198,11 @@ def test_nodes_drained_without_a_time_count_last_and_ties_go_by_name() -> None:
     assert got == DrainOutcome(
         "suppressed", REASON, "circuit breaker: n2, n3 drained first (limit 2); undone"
     )
+
+
+def test_a_reason_given_by_the_caller_is_the_one_slurm_gets_on_one_line() -> None:
+    """The sweep drains with its own reason: cleaned to one line, not the findings'."""
+    slurm = RecordingSlurm(idle("n1", "n2", "n3", "n4"))
+    got = drain_node(cfg(), slurm, "n1", [NVLINK], reason="slurmhealth: sweep\nnode n1 slow")
+    assert (got.state, got.reason) == ("drained", "slurmhealth: sweep node n1 slow")
+    assert [r for _, r in slurm.drains] == ["slurmhealth: sweep node n1 slow"]
