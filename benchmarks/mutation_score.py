@@ -14,10 +14,11 @@ no covering test, timeouts, the score, and each surviving mutant with its diff l
 The score is killed / (all - equivalent): a mutant listed in
 ``benchmarks/mutation_equivalent.toml`` (name = "why it is equivalent") behaves exactly as
 the original, so no test can kill it; every other survivor, and every mutant no test
-covers, counts against the score. Timeouts count as killed (mutmut's own rule: a mutant that
-makes the tests hang was noticed). Not part of CI (minutes per group); run it before
-resolving an issue that touches these modules. Needs ``pip install mutmut`` in the venv
-(the ``mutation`` extra).
+covers, counts against the score. A listed mutant that the tests kill counts as killed and
+is printed as stale (mutmut numbers mutants by position, so an edit renumbers them).
+Timeouts count as killed (mutmut's own rule: a mutant that makes the tests hang was noticed).
+Not part of CI (minutes per group); run it before resolving an issue that touches these
+modules. Needs ``pip install mutmut`` in the venv (the ``mutation`` extra).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
             "tests/unit/test_xid_table.py",
             "tests/unit/test_kernel_checks.py",
             "tests/unit/test_xid_verdicts.py",
+            "tests/unit/test_xid_nvlink5.py",
         ],
     ),
     "kernel-position": (
@@ -63,25 +65,61 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "resume": (
         ["slurmhealth/hooks/resume.py"],
-        [f"tests/unit/test_{t}.py" for t in ("hooks_decisions", "hooks_pure", "healthcheck")],
+        [
+            f"tests/unit/test_{t}.py"
+            for t in ("resume_outcomes", "hooks_decisions", "hooks_pure", "healthcheck")
+        ],
     ),
-    "optout": (["slurmhealth/model_records.py"], ["tests/unit/test_optout.py"]),
+    "optout": (
+        ["slurmhealth/model_records.py"],
+        ["tests/unit/test_optout.py", "tests/unit/test_model_records.py"],
+    ),
     "checks": (
         [f"slurmhealth/checks/{m}.py" for m in CHECK_MODULES],
-        [f"tests/unit/test_{t}.py" for t in ("checks", "counter_rates", "nvlink_counters")],
+        [
+            f"tests/unit/test_{t}.py"
+            for t in (
+                "checks",
+                "fabric_findings",
+                "gpu_findings",
+                "counter_rates",
+                "nvlink_counters",
+                "blackwell_topology",
+            )
+        ],
     ),
     "diagnose": (
         ["slurmhealth/diagnose/engine.py"],
         [
             f"tests/unit/test_{t}.py"
-            for t in ("diagnose", "diagnose_kernel", "diagnose_texts", "diagnose_verdicts")
+            for t in (
+                "diagnose",
+                "diagnose_kernel",
+                "diagnose_texts",
+                "diagnose_verdicts",
+                "diagnose_order",
+            )
         ],
     ),
-    "exposition": (["slurmhealth/metrics/exposition.py"], ["tests/unit/test_metrics.py"]),
+    "exposition": (
+        ["slurmhealth/metrics/exposition.py"],
+        ["tests/unit/test_exposition.py", "tests/unit/test_metrics.py"],
+    ),
     "retention": (["slurmhealth/history/retention.py"], ["tests/unit/history"]),
     "baseline-units": (
-        ["slurmhealth/baseline/compare.py", "slurmhealth/baseline/parse_nccl.py"],
-        ["tests/unit/test_baseline_compare.py", "tests/unit/test_parse_nccl.py"],
+        ["slurmhealth/baseline/compare.py"],
+        ["tests/unit/test_baseline_judgement.py", "tests/unit/test_baseline_compare.py"],
+    ),
+    "parse-nccl": (["slurmhealth/baseline/parse_nccl.py"], ["tests/unit/test_parse_nccl.py"]),
+    "remediation": (
+        ["slurmhealth/checks/remediation.py", "slurmhealth/hooks/remediate_plan.py"],
+        ["tests/unit/test_remediate_plan.py", "tests/unit/test_remediate.py"],
+    ),
+    # the repair's orchestration (1,000 mutants, each over simulated repairs: about an hour)
+    "remediation-run": (["slurmhealth/hooks/remediate.py"], ["tests/unit/test_remediate.py"]),
+    "sweep": (
+        ["slurmhealth/sweep/verdict.py", "slurmhealth/sweep/plan.py"],
+        [f"tests/unit/test_sweep_{t}.py" for t in ("verdict", "evidence", "plan")],
     ),
 }
 # slurmhealth.checks.xid.x_judge__mutmut_3, slurmhealth.hooks.drain.xǁDrainOutcomeǁm__mutmut_1
@@ -94,6 +132,8 @@ class ModuleScore:
     statuses: Counter[str] = field(default_factory=Counter)
     survivors: list[str] = field(default_factory=list)
     equivalent: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    equivalent_shown: list[str] = field(default_factory=list)  # to check each reason still fits
 
     @property
     def total(self) -> int:
@@ -180,8 +220,11 @@ def run_group(
                 continue
             score = scores.setdefault(match["module"], ModuleScore(match["module"]))
             score.statuses[status] += 1
-            if mutant in equivalent:
+            if mutant in equivalent and status in ("survived", "no tests"):
                 score.equivalent.append(mutant)
+                score.equivalent_shown.append(f"{mutant}: {_first_change(dest, mutant)}")
+            elif mutant in equivalent:  # a test tells it apart: the entry is stale or renumbered
+                score.stale.append(f"{mutant} [{status}]: {_first_change(dest, mutant)}")
             elif status in ("survived", "no tests"):
                 score.survivors.append(f"{mutant} [{status}]: {_first_change(dest, mutant)}")
         print(f"# group {name}: {sum(s.total for s in scores.values())} mutants in "
@@ -222,6 +265,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in scores:
         for line in s.survivors:
             print(f"survivor {line}")
+        for line in s.equivalent_shown:
+            print(f"equivalent {line}")
+        for line in s.stale:
+            print(f"listed as equivalent but killed (renumbered? fix {EQUIVALENT.name}): {line}")
     if args.json:
         args.json.write_text(json.dumps({
             "overall": overall, "total": total, "killed": killed, "equivalent": equiv,

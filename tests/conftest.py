@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.support.skips import unavailable
+
 # no per-example deadline anywhere: on a busy 2-core CI machine one slow example is load,
 # not a bug (a deadline there is a wall-clock race)
 settings.register_profile("slurmhealth", deadline=None)
@@ -75,7 +77,7 @@ def run_cli(
 def user() -> Iterator[str]:
     """An unprivileged user: the cluster's ``shuser``, else a throwaway one."""
     if os.geteuid() != 0:
-        pytest.skip("needs root to act as another user")
+        unavailable("needs root to act as another user")
     try:
         yield pwd.getpwnam("shuser").pw_name
         return

@@ -113,7 +113,8 @@ def _newest(rings: Mapping[str, Ring]) -> float:
 def _add(ring: Ring, ts: float, value: float, window_s: float) -> Ring:
     if ring and (value < ring[-1][1] or ts < ring[-1][0]):
         ring = []  # the counter went back (driver reload, GPU reset) or the clock did
-    if len(ring) >= 2 and (ring[-1][1] == value == ring[-2][1] or ts - ring[-2][0] < window_s / 8):
+    # (a read equal to the last two never gets here: remember() moves their run's end itself)
+    if len(ring) >= 2 and ts - ring[-2][0] < window_s / 8:
         ring[-1] = [ts, value]
     else:
         ring.append([ts, value])

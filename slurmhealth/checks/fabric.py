@@ -30,6 +30,10 @@ _RECOVERING = {"route_recovery": {"in_progress"}, "access_timeout_recovery": {"i
     "nvidia-fabricmanager` and its log; restart it or reboot",
 )
 def fabric_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _fabric_state(ctx, th)
+
+
+def _fabric_state(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         if g.fabric_state is None:
@@ -101,6 +105,10 @@ def _health(g: GpuState) -> list[Finding]:
     "driver's NVreg_CreateImexChannel0=1)",
 )
 def imex(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _imex(ctx, th)
+
+
+def _imex(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     state = ctx.imex
     if state is None:
         return []

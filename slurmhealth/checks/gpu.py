@@ -17,6 +17,10 @@ from slurmhealth.model import Action, Finding, GpuStatus, Severity
     "`dmesg | grep -i -e NVRM -e Xid`; reboot, reseat or RMA",
 )
 def gpu_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _gpu_count(ctx, th)
+
+
+def _gpu_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     seen = ctx.snapshot.device_count
     if seen is None:
         return []
@@ -56,6 +60,10 @@ def gpu_count(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     phases=EVERYWHERE,
 )
 def gpu_lost(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _gpu_lost(ctx, th)
+
+
+def _gpu_lost(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return [
         finding("gpu_lost", Severity.CRITICAL, g, "GPU is lost (fallen off the bus)", error=g.error)
         for g in ctx.snapshot.gpus
@@ -71,6 +79,10 @@ def gpu_lost(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     phases=EVERYWHERE,
 )
 def gpu_reset_required(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _gpu_reset_required(ctx, th)
+
+
+def _gpu_reset_required(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return [
         finding("gpu_reset_required", Severity.CRITICAL, g, "GPU requires a reset", error=g.error)
         for g in ctx.snapshot.gpus
@@ -87,6 +99,10 @@ def gpu_reset_required(ctx: CheckContext, th: Mapping[str, float]) -> list[Findi
     phases=EVERYWHERE,
 )
 def gpu_unresponsive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _gpu_unresponsive(ctx, th)
+
+
+def _gpu_unresponsive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = [
         finding("gpu_unresponsive", Severity.CRITICAL, g, f"GPU unresponsive: {g.error}")
         for g in ctx.snapshot.gpus
@@ -102,6 +118,10 @@ def gpu_unresponsive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding
     hint="look at `nvidia-smi -q -i N`; repeated errors on one GPU precede failures",
 )
 def nvml_error(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _nvml_error(ctx, th)
+
+
+def _nvml_error(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return [
         finding(
             "nvml_error",
@@ -122,6 +142,10 @@ def nvml_error(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     "and reboot (mixed drivers break NCCL jobs across nodes)",
 )
 def driver_version(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _driver_version(ctx, th)
+
+
+def _driver_version(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     have = ctx.snapshot.driver_version
     if not ctx.expected_driver or have is None or have == ctx.expected_driver:
         return []
@@ -144,6 +168,10 @@ def driver_version(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     hint="enable nvidia-persistenced (or `nvidia-smi -pm 1`)",
 )
 def persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _persistence_mode(ctx, th)
+
+
+def _persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return [
         finding("persistence_mode", Severity.WARN, g, "persistence mode is off")
         for g in readable(ctx)
@@ -163,6 +191,10 @@ def persistence_mode(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding
     phases=PRE_JOB,
 )
 def stale_job(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _stale_job(ctx, th)
+
+
+def _stale_job(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         if g.mig_mode:  # its instances run other jobs: each is judged alone (mig_instance)

@@ -20,6 +20,10 @@ from slurmhealth.model import Action, Finding, Severity
     phases=EVERYWHERE,
 )
 def ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _ecc_uncorrectable(ctx, th)
+
+
+def _ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         vol, agg = g.ecc_volatile_uncorrectable, g.ecc_aggregate_uncorrectable
@@ -57,6 +61,10 @@ def ecc_uncorrectable(ctx: CheckContext, th: Mapping[str, float]) -> list[Findin
     phases=EVERYWHERE,
 )
 def row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _row_remap(ctx, th)
+
+
+def _row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         rows = {
@@ -99,4 +107,8 @@ def row_remap(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     },
 )
 def ecc_correctable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _ecc_correctable(ctx, th)
+
+
+def _ecc_correctable(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return rate_warnings(ctx, th, "ecc_correctable", "ecc_correctable", "correctable ECC errors")

@@ -22,6 +22,10 @@ from slurmhealth.model import Action, Finding, GpuState, Severity
     phases=EVERYWHERE,
 )
 def nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _nvlink_inactive(ctx, th)
+
+
+def _nvlink_inactive(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     node_has_links = any(link.active for g in readable(ctx) for link in g.nvlinks or ())
     out = []
     for g in readable(ctx):
@@ -81,6 +85,10 @@ def _expected_links(ctx: CheckContext, g: GpuState) -> int | None:
     phases=EVERYWHERE,
 )
 def nvlink_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _nvlink_errors(ctx, th)
+
+
+def _nvlink_errors(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         grown: dict[int, dict[str, Growth]] = {}

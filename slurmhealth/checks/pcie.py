@@ -20,6 +20,10 @@ from slurmhealth.model import Action, Finding, Severity
     thresholds={"min_util_for_gen_pct": 50},
 )
 def pcie_link(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _pcie_link(ctx, th)
+
+
+def _pcie_link(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         if g.pcie_width is not None and g.pcie_width_max and g.pcie_width < g.pcie_width_max:
@@ -60,4 +64,8 @@ def pcie_link(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     thresholds={"warn_per_min": 8, **RATE_THRESHOLDS},
 )
 def pcie_replay(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _pcie_replay(ctx, th)
+
+
+def _pcie_replay(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     return rate_warnings(ctx, th, "pcie_replay", "pcie_replay", "PCIe replays")

@@ -27,6 +27,10 @@ SEVERITY = {
     phases=EVERYWHERE,
 )
 def clock_events(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _clock_events(ctx, th)
+
+
+def _clock_events(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         mask = g.clock_event_reasons
@@ -60,6 +64,10 @@ def clock_events(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     phases=EVERYWHERE,
 )
 def thermal_margin(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _thermal_margin(ctx, th)
+
+
+def _thermal_margin(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     out = []
     for g in readable(ctx):
         m = g.margin_temperature_c

@@ -33,6 +33,10 @@ if TYPE_CHECKING:
     hint="see NVIDIA's Xid catalog for this Xid (slurmhealth xid N)",
 )
 def xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _xid(ctx, th)
+
+
+def _xid(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     if not ctx.xids:  # the usual run: the catalog's module is never loaded
         return []
     from slurmhealth.checks.xid_table import judge
@@ -211,6 +215,10 @@ _FAULTS: Mapping[tuple[str, str | None], tuple[Severity, Action, str, str]] = {
     hint="read the kernel log lines in the evidence (dmesg -T)",
 )
 def kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
+    return _kernel_log(ctx, th)
+
+
+def _kernel_log(ctx: CheckContext, th: Mapping[str, float]) -> list[Finding]:
     by_bus = _gpus_by_bus(ctx.snapshot)
     covered = _acting_buses(ctx.xids)  # an acting Xid says it all
     grouped: dict[tuple[str, str | None, str | None, int | None], list[KernelEvent]] = {}

@@ -171,7 +171,6 @@ def drive(
     same loop drives Slurm jobs (``run``) and the simulation (benchmarks/sweep_sim.py)."""
     results: list[Result] = []
     stage = base_plan(nodes, tests, rounds)
-    verdict = judge(results)
     jobs = count = 0
     for _ in range(MAX_STAGES):
         for batch in stage:

@@ -28,6 +28,7 @@ from tests.package.debian_root import (
     remove_root,
     sh,
 )
+from tests.support.skips import root_only
 
 SCENARIOS = "/opt/slurmhealth/lib/python{v}/site-packages/slurmhealth/scenarios"
 PY = "/opt/slurmhealth/bin/python"
@@ -35,7 +36,7 @@ DB = "/var/lib/slurmhealth/history/history.db"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap and chroot need root"),
+    root_only("debootstrap and chroot need root"),
 ]
 
 

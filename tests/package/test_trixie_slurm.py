@@ -29,10 +29,11 @@ import pytest
 
 from tests.package.debian_root import REPO, chroot, debian_root, remove_root, sh
 from tests.package.slurm_node import SlurmNode
+from tests.support.skips import root_only
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, chroot and namespaces need root"),
+    root_only("debootstrap, chroot and namespaces need root"),
 ]
 INCLUDE = "python3,python3-venv"
 PACKAGES = "slurmctld slurmd slurm-client munge slurmdbd mariadb-server"

@@ -10,7 +10,6 @@ with a cached Debian root)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -21,10 +20,11 @@ import pytest
 from tests.package import test_trixie_slurm as trixie
 from tests.package.debian_root import REPO, debian_root, remove_root
 from tests.package.slurm_node import START_DAEMONS, SlurmNode
+from tests.support.skips import root_only
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="debootstrap, chroot and namespaces need root"),
+    root_only("debootstrap, chroot and namespaces need root"),
 ]
 NODES = ("n1", "n2", "n3")
 SWEEP = ("slurmhealth sweep --nodes 'n[1-3]' --gpus-per-node 1 --time-limit 2 "

@@ -45,3 +45,15 @@ def require_module(name: str, reason: str) -> ModuleType:
         if in_ci():
             pytest.fail(f"CI is set but {name} cannot be imported: {reason}", pytrace=False)
         pytest.skip(reason, allow_module_level=True)
+
+
+def root_only(reason: str) -> pytest.MarkDecorator:
+    """``skipif`` not root, locally only: under CI (which runs as root) the test runs and
+    fails if it cannot do what it needs root for."""
+    return pytest.mark.skipif(os.geteuid() != 0 and not in_ci(), reason=reason)
+
+
+def needs(condition: bool, reason: str) -> pytest.MarkDecorator:
+    """``skipif`` the machine lacks something (``condition`` false), locally only: under CI
+    the test runs and fails without it."""
+    return pytest.mark.skipif(not condition and not in_ci(), reason=reason)

@@ -21,10 +21,11 @@ from slurmhealth.access import Caller, Rights
 from slurmhealth.config import load_config
 from slurmhealth.evidence.summary import write_summary
 from slurmhealth.history import Batch, History
+from tests.support.skips import needs, root_only, unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 ADMINS = Rights("ops", 500, "/etc/slurmhealth/config.toml")
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
+root_only = root_only("needs root (chown, runuser)")
 ALICE = Caller(1001, "alice", frozenset({1001}))
 OPS_BOB = Caller(1002, "bob", frozenset({1002, 500}))
 
@@ -193,7 +194,7 @@ def test_rights_come_only_from_a_file_root_alone_controls(
 def admin_group() -> Iterator[str]:
     """A throwaway group (runuser -G needs a real one)."""
     if os.geteuid() != 0:
-        pytest.skip("needs root (groupadd, runuser)")
+        unavailable("needs root (groupadd, runuser)")
     name = f"shadm{os.getpid()}"
     subprocess.run(["groupadd", name], check=True)
     try:
@@ -266,9 +267,7 @@ def _refused(result: tuple[int, str, str], *words: str) -> None:
     assert all(w in err for w in words), err
 
 
-needs_user_python = pytest.mark.skipif(
-    not Path("/usr/bin/python3").exists(), reason="no /usr/bin/python3 for another user"
-)
+needs_user_python = needs(Path("/usr/bin/python3").exists(), "no /usr/bin/python3 for another user")
 
 
 @root_only

@@ -23,6 +23,7 @@ import pytest
 from slurmhealth.agent import client, protocol
 from slurmhealth.agent.server import Agent
 from slurmhealth.config import Config, load_config
+from tests.support.skips import unavailable
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 DEADLINE_S = 60.0
@@ -164,7 +165,7 @@ def test_an_old_client_without_new_fields_still_gets_an_answer(
 def test_a_user_that_is_not_root_gets_no_answer(agent: tuple[Agent, Config, Path]) -> None:
     running, _cfg, _config = agent
     if os.geteuid() != 0:
-        pytest.skip("needs root to run a client as another user")
+        unavailable("needs root to run a client as another user")
     code = ("import socket, sys; s = socket.socket(socket.AF_UNIX); "
             f"s.connect({running.path!r}); s.sendall(b'{{\"v\": 1, \"op\": \"ping\"}}\\n'); "
             "print(s.recv(100))")  # fmt: skip

@@ -233,19 +233,25 @@ def _broken_everywhere(index: int) -> GpuState:
     )
 
 
+GONE = "nvmlDeviceGetUUID: gone"
+
+
 @pytest.mark.parametrize(
-    ("status", "name"),
+    ("status", "name", "message", "evidence"),
     [
-        (GpuStatus.LOST, "gpu_lost"),
-        (GpuStatus.RESET_REQUIRED, "gpu_reset_required"),
-        (GpuStatus.UNRESPONSIVE, "gpu_unresponsive"),
+        (GpuStatus.LOST, "gpu_lost", "GPU is lost (fallen off the bus)", {"error": GONE}),
+        (GpuStatus.RESET_REQUIRED, "gpu_reset_required", "GPU requires a reset", {"error": GONE}),
+        (GpuStatus.UNRESPONSIVE, "gpu_unresponsive", f"GPU unresponsive: {GONE}", {}),
     ],
 )
-def test_gone_gpu_is_critical_and_nothing_else_fires(status: GpuStatus, name: str) -> None:
-    gpu = replace(_broken_everywhere(5), status=status, error="nvmlDeviceGetUUID: gone")
+def test_gone_gpu_is_critical_and_nothing_else_fires(
+    status: GpuStatus, name: str, message: str, evidence: dict[str, str]
+) -> None:
+    gpu = replace(_broken_everywhere(5), status=status, error=GONE)
     findings = run_checks(ctx(node(gpu), nvlinks_per_model={H100: 18}))
     f = only(findings, name)
     assert (f.severity, f.action, f.gpu) == (Severity.CRITICAL, Action.RESET, 5)
+    assert (f.message, f.evidence) == (message, evidence)
     assert f.action.takes_node_out
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from slurmhealth.checks import CheckContext, catalog, run_checks, window_of
-from slurmhealth.checks.counters import counters_of, load, pack, remember
-from slurmhealth.model import Action, Finding, GpuState, Severity
+from slurmhealth.checks.counters import FORGET_S, counters_of, load, pack, remember
+from slurmhealth.model import Action, Finding, GpuState, GpuStatus, Severity
 from tests.unit.test_checks import TS, healthy_gpu, node, of, only, with_link
 
 WINDOW = window_of()
@@ -216,3 +216,128 @@ def test_correctable_ecc_trickle_is_silent_a_sustained_rate_warns() -> None:
     assert gpu.run(3600, ecc(60)) == []  # one a minute for an hour
     f = only(gpu.run(3900, ecc(60 + 3000)), "ecc_correctable")  # 600/min over 5 minutes
     assert f.severity is Severity.WARN and f.action is Action.WARN
+
+
+def test_what_is_stored_of_each_gpus_counters() -> None:
+    """Counters quiet over the GPU's common span as one value; one read is quiet too; a
+    counter that grew, or was quiet over another span, as its ring."""
+    history = {"v": 2, "gpus": {
+        "g1": {"a": [[10.0, 5], [20.0, 5]], "b": [[10.0, 1], [20.0, 3]],
+               "c": [[15.0, 7], [20.0, 7]]},
+        "g2": {"x": [[30.0, 2]]},
+        "g3": {"m": [[10.0, 1], [20.0, 2]]},
+    }}  # fmt: skip
+    assert pack(history) == {"v": 2, "gpus": {
+        "g1": {"span": [10.0, 20.0], "quiet": {"a": 5},
+               "rings": {"b": [[10.0, 1], [20.0, 3]], "c": [[15.0, 7], [20.0, 7]]}},
+        "g2": {"span": [30.0, 30.0], "quiet": {"x": 2}, "rings": {}},
+        "g3": {"span": [], "quiet": {}, "rings": {"m": [[10.0, 1], [20.0, 2]]}},
+    }}  # fmt: skip
+    assert load(pack(history)) == history
+    assert pack({}) == {"v": 2, "gpus": {}}
+
+
+def test_a_sites_longer_window_is_kept_in_the_history() -> None:
+    """min_window_s 900: the history reaches back 900 s, so a sustained rate fails at 900 s."""
+    assert window_of({"nvlink_errors": {"min_window_s": 900}}) == 900.0
+    rates = [n for n, spec in catalog().items() if "min_window_s" in spec.thresholds]
+    assert window_of({n: {"min_window_s": 0} for n in rates}) == 0.0
+    gpu = Node({"nvlink_errors": {"min_window_s": 900}})
+    runs = [gpu.run(t, replays(2 * t // 60)) for t in range(0, 960, 300)]  # 2/min
+    f = only(runs[-1], "nvlink_errors")
+    assert f.failing and f.evidence["window_s"] == pytest.approx(900.0)
+
+
+def test_a_gpu_without_counters_is_judged_without_them() -> None:
+    bare = replace(healthy_gpu(3), nvlinks=None, pcie_replay_errors=None,
+                   ecc_volatile_correctable=None)  # fmt: skip
+    snap = node(bare, count=4)
+    assert healthy_gpu(3).uuid not in counters_of(snap)
+    assert run_checks(CheckContext(snap, counter_history=load(None))) == []
+
+
+def test_the_window_starts_at_the_newest_read_old_enough() -> None:
+    """Reads at 0, 300 and 600 s: the read exactly min_window_s old starts the window."""
+    gpu = Node()
+    gpu.run(0, replays(0))
+    gpu.run(300, replays(10))
+    f = only(gpu.run(600, replays(20)), "nvlink_errors")
+    assert (f.evidence["window_s"], f.evidence["counts"]) == (pytest.approx(300.0), {"replay": 10})
+
+
+def test_a_counter_no_longer_read_judges_nothing() -> None:
+    gpu = Node()
+    gpu.run(0, pcie(0))
+    assert gpu.run(600, replace(pcie(0), pcie_replay_errors=None)) == []
+
+
+def test_a_counters_ring_read_after_read() -> None:
+    """Window 300 s (points closer than 37.5 s merge): what the history holds of one counter
+    after each read: growth, a run of equal reads, the window's start, the clock going back,
+    a second read of the same time, times kept to the millisecond."""
+    history = load(None)
+    steps = [
+        (0, 0, [[0, 0]]),
+        (10, 1, [[0, 0], [10, 1]]),
+        (20, 2, [[0, 0], [20, 2]]),  # 20 s after the point before the last: merged into it
+        (37.5, 3, [[0, 0], [20, 2], [37.5, 3]]),  # 37.5 s (window / 8) after it: a point
+        (40, 4, [[0, 0], [20, 2], [40, 4]]),
+        (80, 4, [[0, 0], [20, 2], [40, 4], [80, 4]]),
+        (100, 4, [[0, 0], [20, 2], [40, 4], [100, 4]]),  # the run of 4s grows
+        (380, 5, [[40, 4], [100, 4], [380, 5]]),  # points older than the window go
+        (390, 6, [[40, 4], [100, 4], [380, 5], [390, 6]]),
+        (395, 5, [[395, 5]]),  # the counter went back (a reset): a new window
+        (400, 5, [[395, 5], [400, 5]]),
+        (410, 7, [[395, 5], [410, 7]]),
+        (420, 7, [[395, 5], [420, 7]]),
+        (419, 7, [[419, 7]]),  # the clock went back
+        (419, 8, [[419, 7], [419, 8]]),  # a second read of the same time
+        (420.123456, 9, [[419, 7], [420.123, 9]]),  # times to the millisecond
+        (421, 8, [[421, 8]]),
+        (425, 9, [[421, 8], [425, 9]]),
+        (500, 10, [[421, 8], [425, 9], [500, 10]]),
+        (501, 9, [[501, 9]]),  # back to the middle point's value: still a reset
+        (540, 10, [[501, 9], [540, 10]]),
+        (600, 11, [[501, 9], [540, 10], [600, 11]]),
+        (840, 12, [[540, 10], [600, 11], [840, 12]]),  # the next point exactly 300 s old
+        (850, 12, [[540, 10], [600, 11], [840, 12], [850, 12]]),
+        (845, 12, [[845, 12]]),  # the clock went back, the value unchanged
+        (900, 12, [[845, 12], [900, 12]]),
+        (900, 12, [[845, 12], [900, 12]]),  # the same read again
+    ]
+    for ts, value, ring in steps:
+        snap = replace(node(count=0), ts=ts)
+        remember(history, snap, 300.0, counters={"g": {"k": value}})
+        assert history["gpus"]["g"]["k"] == ring, (ts, value)
+
+
+def test_a_gpu_not_read_for_30_days_is_forgotten() -> None:
+    now = TS + 100 * 86400
+    history = load({"v": 2, "gpus": {
+        "kept": {"span": [], "quiet": {}, "rings": {"k": [[now - FORGET_S, 1]]}},
+        "gone": {"span": [], "quiet": {}, "rings": {"k": [[now - FORGET_S - 1, 1]]}},
+        "empty": {"span": [], "quiet": {}, "rings": {}},
+    }})  # fmt: skip
+    remember(history, replace(node(count=0), ts=now), 300.0)
+    assert sorted(history["gpus"]) == ["kept"]
+
+
+def test_counters_only_of_readable_gpus_with_a_uuid_and_crc_only_when_read() -> None:
+    no_uuid = replace(healthy_gpu(0), uuid=None)
+    lost = replace(healthy_gpu(1), status=GpuStatus.LOST)
+    no_crc = with_link(healthy_gpu(2), 4, crc_flit_errors=None, crc_data_errors=None)
+    counters = counters_of(node(no_uuid, lost, no_crc, count=4))
+    assert sorted(counters) == [healthy_gpu(2).uuid, healthy_gpu(3).uuid]
+    mine = counters[healthy_gpu(2).uuid or ""]
+    assert "nvlink.4.crc" not in mine and "nvlink.4.replay" in mine and "nvlink.3.crc" in mine
+
+
+def test_growth_needs_time_between_reads() -> None:
+    """Two reads of the same second judge nothing; half a second apart they warn."""
+    gpu = Node()
+    gpu.run(0, replays(0))
+    assert gpu.run(0, replays(6)) == []
+    gpu = Node()
+    gpu.run(0, replays(0))
+    f = only(gpu.run(0.5, replays(6)), "nvlink_errors")
+    assert (f.severity, f.evidence["window_s"]) == (Severity.WARN, 0.5)

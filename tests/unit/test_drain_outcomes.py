@@ -228,3 +228,11 @@ def test_a_racing_drain_stamped_a_second_later_than_ours_leaves_ours() -> None:
     slurm = SameSecond(idle("n1", "n2", "n3"), rival="n1", ours_at=7.0, rival_at=8.0)
     assert drain_node(cfg(share=0.34), slurm, "n2", [NVLINK]) == DrainOutcome("drained", REASON)
     assert slurm.resumes == []
+
+
+def test_a_reason_given_by_the_caller_is_the_one_slurm_gets_on_one_line() -> None:
+    """The sweep drains with its own reason: cleaned to one line, not the findings'."""
+    slurm = RecordingSlurm(idle("n1", "n2", "n3", "n4"))
+    got = drain_node(cfg(), slurm, "n1", [NVLINK], reason="slurmhealth: sweep\nnode n1 slow")
+    assert (got.state, got.reason) == ("drained", "slurmhealth: sweep node n1 slow")
+    assert [r for _, r in slurm.drains] == ["slurmhealth: sweep node n1 slow"]

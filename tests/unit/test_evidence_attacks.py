@@ -22,9 +22,10 @@ import pytest
 
 from slurmhealth.config import load_config
 from slurmhealth.evidence.summary import write_summary
+from tests.support.skips import root_only
 from tests.unit.test_report import _invoke, build, make_cluster
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
+root_only = root_only("needs root (chown, runuser)")
 
 
 @pytest.fixture

@@ -11,10 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from slurmhealth.hooks.job import clean_env, job_from_env
 from slurmhealth.sidecar.task import TaskReader
+from tests.support.skips import root_only, unavailable
 
 BAD = os.fsdecode(b"gpu-\xff\xfe-part")  # how Python hands a non-UTF-8 value over
 
@@ -57,7 +56,7 @@ def _step(step: int) -> str:
                        "samples": 32}) + "\n"  # fmt: skip
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+@root_only("mounting a tmpfs needs root")
 def test_the_step_folder_is_a_tmpfs_of_its_cap(user: str) -> None:
     import pwd
     import shutil
@@ -71,7 +70,7 @@ def test_the_step_folder_is_a_tmpfs_of_its_cap(user: str) -> None:
     folder = top / "9"
     try:
         if make_job_dir(str(folder), uid, 1 << 20) != "tmpfs":
-            pytest.skip("no tmpfs mount here (a container without CAP_SYS_ADMIN)")
+            unavailable("no tmpfs mount here (a container without CAP_SYS_ADMIN)")
         assert folder.stat().st_uid == uid and os.path.ismount(folder)
         proc = subprocess.run(["runuser", "-u", user, "--", "dd", "if=/dev/zero",
                                f"of={folder}/fill", "bs=1M", "count=5"],

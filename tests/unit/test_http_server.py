@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from slurmhealth.config.sections import MetricsConfig
 from slurmhealth.metrics.http_server import BoundedServer, listen
+from tests.support.skips import require_module, unavailable
 
 HALF_OPEN = 1000
 
@@ -60,7 +61,7 @@ def test_slowloris_1000_half_open_connections_do_not_stop_a_scrape(
 ) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 3 * HALF_OPEN:
-        pytest.skip(f"file limit {hard}: cannot hold {HALF_OPEN} connections on both ends")
+        unavailable(f"file limit {hard}: cannot hold {HALF_OPEN} connections on both ends")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 3 * HALF_OPEN), hard))
     threads_before = threading.active_count()
     held = []
@@ -132,9 +133,9 @@ def test_connections_reset_mid_request_leave_no_traceback(
 
 @pytest.fixture
 def web_config(tmp_path: Path) -> Path:
-    bcrypt = pytest.importorskip("bcrypt")
+    bcrypt = require_module("bcrypt", "bcrypt (the web extra) is not installed")
     if shutil.which("openssl") is None:
-        pytest.skip("openssl not installed (to make a test certificate)")
+        unavailable("openssl not installed (to make a test certificate)")
     key, cert = str(tmp_path / "key.pem"), str(tmp_path / "cert.pem")
     argv = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
             "/CN=localhost", "-keyout", key, "-out", cert]  # fmt: skip
@@ -201,8 +202,8 @@ def test_tls_and_basic_auth_from_a_prometheus_web_config(web_config: Path) -> No
 def test_a_web_config_that_is_wrong_is_refused_with_its_key(
     tmp_path: Path, text: str, error: str
 ) -> None:
-    pytest.importorskip("yaml")
-    pytest.importorskip("bcrypt")
+    require_module("yaml", "pyyaml (the web extra) is not installed")
+    require_module("bcrypt", "bcrypt (the web extra) is not installed")
     from slurmhealth.errors import ConfigError
     from slurmhealth.metrics import web_config
 

@@ -31,6 +31,7 @@ from slurmhealth.kernel_log.position import (
 )
 from slurmhealth.model import Action, Severity
 from tests.conftest import SCENARIOS, run_cli
+from tests.support.skips import unavailable
 
 BUS = "0000:18:00"
 XID79 = f"NVRM: Xid (PCI:{BUS}): 79, pid=1234, name=python3, GPU has fallen off the bus."
@@ -185,7 +186,7 @@ def test_untrusted_state_file_is_ignored_loudly(
     node: Node, tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     if how == "foreign-owner" and os.geteuid() != 0:
-        pytest.skip("chown to another user needs root")
+        unavailable("chown to another user needs root")
     node.xid(ago_s=60)
     node.check()  # the position now lies after the Xid
     node.lose_history()

@@ -263,3 +263,241 @@ def test_shuffled_nccl_pieces_raise_only_parse_errors(lines: list[str]) -> None:
         assert "\n" not in str(exc)
         return
     assert r.measurements and all(0 < m.value < float("inf") for m in r.measurements)
+
+
+def _nameless(
+    ranks: int, redop: str, root: int, ratio: float, *, rows: list[str] | None = None
+) -> str:
+    """A run whose output names no test: header without 'Collective test', the table (every
+    size at busbw = ratio x algbw unless ``rows``), the footer without 'concluded'."""
+    if rows is None:
+        rows = [row(s, s // 4, "float", redop, root, [(100.0, 80.0, 80.0 * ratio, 0)] * 2)
+                for s in SIZES]  # fmt: skip
+    text = header("x", ranks, "NVIDIA H100 80GB HBM3")
+    text = text.replace("# Collective test starting: x\n", "")
+    return text + "\n".join(rows) + "\n" + footer("", 140.0).rsplit("# Coll", 1)[0]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "redop", "root", "ratio", "name"),
+    [
+        (8, "sum", -1, 2 * 7 / 8, "all_reduce_perf"),
+        (3, "sum", -1, 2 * 2 / 3 + 0.025, "all_reduce_perf"),  # within 0.03 of 2(n-1)/n
+        (8, "sum", -1, 7 / 8, "reduce_scatter_perf"),
+        (8, "max", -1, 7 / 8 - 0.025, "reduce_scatter_perf"),
+        (8, "sum", 0, 1.0, "reduce_perf"),
+        (8, "prod", 3, 0.4, "reduce_perf"),  # any factor: reduce's busbw is its algbw
+        (8, "none", 0, 1.0, "broadcast_perf"),
+        (8, "none", 2, 1.025, "broadcast_perf"),
+    ],
+)
+def test_each_collective_inferred_from_its_bus_factor_and_columns(
+    ranks: int, redop: str, root: int, ratio: float, name: str
+) -> None:
+    r = parse("nccl", _nameless(ranks, redop, root, ratio))
+    assert r.meta["test"] == name
+    assert f"test name not in the output; {name} inferred from the table" in r.problems
+    assert _metric(r, f"{name}.busbw_avg") == 140.0
+
+
+@pytest.mark.parametrize(
+    ("ranks", "redop", "root", "ratio"),
+    [
+        (8, "sum", -1, 2 * 7 / 8 + 0.035),  # off the all_reduce factor
+        (8, "sum", -1, 7 / 8 - 0.035),  # off the reduce_scatter factor
+        (8, "none", 0, 1.035),  # off broadcast's 1
+        (8, "none", -1, 7 / 8),  # all_gather's factor: several tests have it
+        (2, "sum", -1, 1.0),  # 2 ranks: all_reduce's 2(n-1)/n is reduce_scatter's x2 = 1
+    ],
+)
+def test_no_name_is_guessed_when_the_table_does_not_tell(
+    ranks: int, redop: str, root: int, ratio: float
+) -> None:
+    r = parse("nccl", _nameless(ranks, redop, root, ratio))
+    assert r.meta["test"] == "nccl"
+    assert "test name not in the output (no 'Collective test' or '*_perf' line)" in r.problems
+    assert not any("inferred" in p for p in r.problems)
+
+
+def test_the_name_is_inferred_from_the_largest_measured_size() -> None:
+    """Small sizes are latency-bound (their factor means nothing) and a size whose algbw
+    printed as 0 has no factor: the largest size with a bandwidth decides."""
+    rows = [row(s, s // 4, "float", "sum", -1, [(100.0, 80.0, 8.0, 0)] * 2) for s in SIZES[:-2]]
+    rows.append(row(SIZES[-2], SIZES[-2] // 4, "float", "sum", -1, [(100.0, 80.0, 140.0, 0)] * 2))
+    rows.append(row(SIZES[-1], SIZES[-1] // 4, "float", "sum", -1, [(100.0, 0.0, 0.0, 0)] * 2))
+    r = parse("nccl", _nameless(8, "sum", -1, 0, rows=rows))
+    assert r.meta["test"] == "all_reduce_perf"
+
+
+def test_a_hint_names_a_nameless_run_without_a_problem() -> None:
+    r = parse("nccl", _nameless(8, "sum", -1, 7 / 8), test="my_perf")
+    assert r.meta["test"] == "my_perf" and not any("test name" in p for p in r.problems)
+
+
+def test_what_the_run_says_of_itself() -> None:
+    r = parse("nccl", all_gather(ranks=16).replace("nGpus 16", "nGpus 8", 1))
+    meta = r.meta
+    assert (meta["nthread"], meta["ngpus_per_thread"], meta["iters"], meta["validation"]) == (
+        1, 8, 20, 1,
+    )  # fmt: skip
+    assert (meta["ranks"], meta["gpus"], meta["nodes"]) == (16, 16, ["dgx-00"])
+    assert meta["sizes"] == SIZES and meta["max_bytes"] == SIZES[-1]
+    assert meta["tests"] == ["all_gather_perf"]
+    two_hosts = header("all_reduce_perf", 16, "NVIDIA H100 80GB HBM3", hosts=2)
+    two_hosts += row(1 << 30, 1 << 28, "float", "sum", -1, [(9e3, 119.3, 223.7, 0)] * 2)
+    r = parse("nccl", two_hosts + "\n" + footer("all_reduce_perf", 223.7))
+    assert r.meta["nodes"] == ["dgx-00", "dgx-01"] and r.meta["ranks"] == 16
+
+
+def _one_size(halves: list[tuple], tail: str = "", *, dtype: str = "float") -> ParseResult:
+    text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    text += row(1 << 30, 1 << 28, dtype, "sum", -1, halves) + "\n"
+    return parse("nccl", text + (tail or footer("all_reduce_perf", 223.7)))
+
+
+def test_wrong_elements_out_of_place_and_in_place_each_named() -> None:
+    r = _one_size([(9e3, 119.3, 223.7, 3), (9e3, 119.3, 223.7, 0)])
+    assert r.errors == (f"size {1 << 30} (float): out-of-place #wrong 3",)
+    r = _one_size([(9e3, 119.3, 223.7, 0), (9e3, 119.3, 223.7, 1)])
+    assert r.errors == (f"size {1 << 30} (float): in-place #wrong 1",)
+    assert _one_size([(9e3, 119.3, 223.7, 0)] * 2).passed
+
+
+def test_out_of_bounds_values_and_a_missing_summary() -> None:
+    oob = footer("all_reduce_perf", 223.7, oob=3)
+    r = _one_size([(9e3, 119.3, 223.7, 0)] * 2, oob)
+    assert r.errors == ("out of bounds values: 3 FAILED",)
+    r = _one_size([(9e3, 119.3, 223.7, 0)] * 2, oob.replace("3 FAILED", "0 FAILED"))
+    assert r.errors == ("out of bounds values: 0 FAILED",)
+    r = _one_size([(9e3, 119.3, 223.7, 0)] * 2, "# Avg bus bandwidth    : 223.7 \n")
+    assert r.passed and r.problems == (
+        "no '# Out of bounds values' line (output may be truncated)",
+    )
+    r = _one_size([(9e3, 119.3, 223.7, 0)] * 2, "# Out of bounds values : 0 OK\n")
+    assert r.problems == (
+        "no '# Avg bus bandwidth' line (cut short after 1 rows?); busbw_avg not recorded",
+    )
+    assert not any(m.metric.endswith("busbw_avg") for m in r.measurements)
+    failed = footer("all_reduce_perf", 223.7, check="failed")
+    assert _one_size([(9e3, 119.3, 223.7, 0)] * 2, failed).errors == (
+        "avg bus bandwidth 223.7 GB/s below NCCL_TESTS_MIN_BW",
+    )
+
+
+@pytest.mark.parametrize("avg", ["0", "nan", "inf"])
+def test_an_average_of_zero_or_not_a_number_is_not_a_measurement(avg: str) -> None:
+    tail = f"# Out of bounds values : 0 OK\n# Avg bus bandwidth    : {avg} \n"
+    r = _one_size([(9e3, 119.3, 223.7, 0)] * 2, tail)
+    assert not any(m.metric.endswith("busbw_avg") for m in r.measurements)
+    assert _metric(r, f"all_reduce_perf.busbw@{1 << 30}") == 223.7
+
+
+def test_each_size_with_its_time_count_and_type_and_no_zero_bandwidth() -> None:
+    r = _one_size([(9e3, 119.3, 223.7, 0), (10.5, 0.0, 0.0, 0)], dtype="bfloat16")
+    by_name = {m.metric: m for m in r.measurements}
+    size = 1 << 30
+    assert set(by_name) == {
+        "all_reduce_perf.busbw_avg",
+        f"all_reduce_perf.busbw@{size}",
+        f"all_reduce_perf.algbw@{size}",
+    }  # the in-place half printed 0.00: below the precision, not a measurement
+    m = by_name[f"all_reduce_perf.algbw@{size}"]
+    assert (m.value, m.unit) == (119.3, "GB/s")
+    assert m.detail == {"time_us": 9000.0, "count": 1 << 28, "type": "bfloat16"}
+
+
+def test_types_ops_and_roots_in_the_metric_name_when_the_run_covered_several() -> None:
+    text = header("reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    for dtype, redop, root in (("float", "sum", 0), ("half", "max", 0), ("float", "sum", 1)):
+        text += row(1 << 20, 1 << 18, dtype, redop, root, [(50.0, 20.9, 20.9, 0)] * 2) + "\n"
+    r = parse("nccl", text + footer("reduce_perf", 20.9))
+    names = {m.metric for m in r.measurements if m.metric.startswith("reduce_perf.busbw@")}
+    assert names == {
+        f"reduce_perf.busbw@{1 << 20}.float.sum.root0",
+        f"reduce_perf.busbw@{1 << 20}.half.max.root0",
+        f"reduce_perf.busbw@{1 << 20}.float.sum.root1",
+    }
+    text = header("all_gather_perf", 8, "NVIDIA H100 80GB HBM3")
+    for dtype in ("float", "half"):
+        text += row(1 << 20, 1 << 15, dtype, "none", -1, [(50.0, 20.9, 18.3, 0)] * 2) + "\n"
+    r = parse("nccl", text + footer("all_gather_perf", 18.3))
+    names = {m.metric for m in r.measurements if m.metric.startswith("all_gather_perf.busbw@")}
+    assert names == {f"all_gather_perf.busbw@{1 << 20}.{t}.none" for t in ("float", "half")}
+
+
+def test_an_unreadable_row_is_named_by_its_line_number() -> None:
+    text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    first = text.count("\n") + 1
+    good = row(1 << 20, 1 << 18, "float", "sum", -1, [(50.0, 20.9, 36.6, 0)] * 2)
+    garbage = "x" * 150
+    text += good + "\n" + garbage + "\n" + "  # an indented remark\n"
+    r = parse("nccl", text + footer("all_reduce_perf", 36.6))
+    assert r.problems == (f"line {first + 1}: unreadable table row {'x' * 80!r}",)
+    assert r.measurements  # the rows before it still count
+
+
+def test_a_failure_line_and_nccls_error_are_cut_at_200_characters() -> None:
+    text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    line = "dgx-00: Test NCCL failure common.cu:1040 " + "y" * 300
+    lineno = text.count("\n") + 1
+    with pytest.raises(BenchmarkFailed) as info:
+        parse("nccl", text + line + "\n")
+    assert f"line {lineno}: {line[:200]}" in str(info.value)
+    assert f"line {lineno}: {line[:201]}" not in str(info.value)
+    stale = "# error: " + "z" * 300 + "\n"
+    r = parse("nccl", all_gather() + stale)
+    assert f"nccl reported: {'z' * 200}" in r.problems
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "# nThread 1 nGpus 8 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5\n",
+        "#  Rank  0 Group  0 Pid   4000 on     dgx-00 device  0 [0000:18:00] NVIDIA H100\n",
+        "# Collective test starting: all_reduce_perf\n",
+    ],
+)
+def test_nccl_output_without_results_is_a_failed_run(text: str) -> None:
+    """Any one of the header, a rank line or the test's start says nccl-tests ran (and
+    died): a failed benchmark, not an unreadable file."""
+    with pytest.raises(BenchmarkFailed, match="no nccl-tests result rows"):
+        parse("nccl", text)
+
+
+def test_text_that_is_not_nccl_output_is_a_parse_error() -> None:
+    with pytest.raises(BaselineParseError, match=r"^nccl: no nccl-tests result rows"):
+        parse("nccl", "hello\nworld\n")
+
+
+def test_the_device_model_in_the_meta() -> None:
+    assert parse("nccl", all_gather()).meta["device_model"] == "NVIDIA A100-SXM4-80GB"
+    no_model = all_gather().replace(" NVIDIA A100-SXM4-80GB\n", "\n")
+    r = parse("nccl", no_model)
+    assert r.meta["device_model"] is None and r.gpu_model is None
+
+
+@pytest.mark.parametrize(("ratio", "redop"), [(2 * 7 / 8, "sum"), (7 / 8, "sum"), (1.0, "none")])
+def test_a_root_of_0_is_a_rooted_collective(ratio: float, redop: str) -> None:
+    """Root 0 is a real root (reduce, broadcast), whatever the factor; -1 is none."""
+    name = "reduce_perf" if redop == "sum" else "broadcast_perf"
+    assert parse("nccl", _nameless(8, redop, 0, ratio)).meta["test"] == name
+
+
+def test_a_layout_without_redop_names_no_test() -> None:
+    """Before 2.13 broadcast printed a root but no redop column: nothing to infer from."""
+    text = (
+        "# nThread 1 nGpus 4 minBytes 8 maxBytes 1024 step: 2(factor) warmup iters: 5\n"
+        + "".join(
+            f"#  Rank {r} Group 0 Pid {4000 + r} on dgx-00 device {r} [0000:18:00] H100\n"
+            for r in range(4)
+        )
+        + "        1024            64   float     0    13.10    0.08    0.08  0e+00    12.90"
+        "    0.08    0.08  0e+00\n# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.08 \n"
+    )
+    assert parse("nccl", text).meta["test"] == "nccl"
+
+
+def test_a_size_below_1_gbs_still_names_the_test() -> None:
+    rows = [row(s, s // 4, "float", "sum", -1, [(100.0, 80.0, 8.0, 0)] * 2) for s in SIZES[:-1]]
+    rows.append(row(SIZES[-1], SIZES[-1] // 4, "float", "sum", -1, [(9e5, 0.5, 0.88, 0)] * 2))
+    assert parse("nccl", _nameless(8, "sum", -1, 0, rows=rows)).meta["test"] == "all_reduce_perf"

@@ -26,6 +26,7 @@ from slurmhealth.report.build import Report
 from slurmhealth.report.gather import PermissionDenied, build_report
 from slurmhealth.report.html import to_html
 from slurmhealth.report.render import print_report, to_json, to_markdown
+from tests.support.skips import unavailable
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 END = T0 + 3600
@@ -510,7 +511,7 @@ def _invoke(cluster: Path, *args: str) -> Any:
 
 def test_cli_json_markdown_html(cluster: Path, tmp_path: Path) -> None:
     if os.getuid() != 0:
-        pytest.skip("job 42 belongs to root")
+        unavailable("job 42 belongs to root")
     res = _invoke(cluster, "42", "--json", "--window", "1m")
     assert res.exit_code == 0, res.output
     data = json.loads(res.output)

@@ -13,6 +13,7 @@ from slurmhealth.config import Config, load_config
 from slurmhealth.model import Severity
 from slurmhealth.model_records import Job
 from slurmhealth.sidecar.nccl import GIVE_UP_S, POLL_S, NcclWatch
+from tests.support.skips import root_only
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nccl"
 T0 = 1_700_000_000.0
@@ -67,7 +68,7 @@ def test_infiniband_and_one_node_jobs_raise_nothing(tmp_path: Path, name: str) -
     assert watch.observe(T0) == [] and watch.done
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the file away")
+@root_only("needs root to give the file away")
 def test_a_file_the_jobs_user_does_not_own_is_not_read(tmp_path: Path) -> None:
     path = write(tmp_path, "rank0.log", (DATA / "issue226_nccl247_8hosts_socket.log").read_text())
     os.chown(path, 54321, 54321)

@@ -9,10 +9,9 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
-
 from slurmhealth.hooks.snapshot_cache import MAX_AGE_S, shared_snapshot
 from slurmhealth.model import GpuState, GpuStatus, NodeSnapshot
+from tests.support.skips import root_only
 from tests.unit.test_hooks_decisions import _config, _gpu
 
 
@@ -109,7 +108,7 @@ def test_a_planted_symlink_is_never_followed(tmp_path: Path) -> None:
     assert not (run / "snapshot.json").is_symlink()
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+@root_only("chown needs root")
 def test_a_cache_owned_by_someone_else_is_ignored(tmp_path: Path) -> None:
     reader, clock = Reader(tmp_path), Clock()
     run = tmp_path / "run"

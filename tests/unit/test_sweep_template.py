@@ -14,6 +14,7 @@ import pytest
 
 from slurmhealth.sweep.ingest import results_of
 from slurmhealth.sweep.model import Planned
+from tests.support.skips import unavailable
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "slurmhealth" / "data" / "sweep.sbatch"
@@ -33,7 +34,7 @@ SLURM_PROCID=0 exec "$@"
 
 def _job(tmp_path: Path, nodelist: str, tests: str, **env: str) -> str:
     if shutil.which("scontrol") is None:
-        pytest.skip("scontrol (Slurm's client) is not installed: the script expands hostlists")
+        unavailable("scontrol (Slurm's client) is not installed: the script expands hostlists")
     (tmp_path / "srun").write_text(FAKE_SRUN)
     (tmp_path / "srun").chmod(0o755)
     full = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",

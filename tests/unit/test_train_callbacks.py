@@ -46,7 +46,7 @@ class TinyLM(torch.nn.Module):  # type: ignore[misc]
 
 
 def test_hugging_face_trainer_reports_each_optimizer_step(tmp_path: Path, job_dir: Path) -> None:
-    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    transformers = require_module("transformers", "transformers not installed")
     from slurmhealth.train.hf import SlurmhealthCallback
 
     data = [
@@ -79,7 +79,7 @@ def test_hugging_face_trainer_reports_each_optimizer_step(tmp_path: Path, job_di
 
 
 def test_hugging_face_tokens_from_tokens_per_sample(tmp_path: Path, job_dir: Path) -> None:
-    transformers = pytest.importorskip("transformers", reason="transformers not installed")
+    transformers = require_module("transformers", "transformers not installed")
     from slurmhealth.train.hf import SlurmhealthCallback
 
     data = [{"input_ids": torch.arange(8) % 50, "labels": torch.arange(8) % 50}] * 8
@@ -107,7 +107,7 @@ def test_hugging_face_tokens_from_tokens_per_sample(tmp_path: Path, job_dir: Pat
 
 
 def test_lightning_trainer_reports_each_batch(tmp_path: Path, job_dir: Path) -> None:
-    pl = pytest.importorskip("lightning.pytorch", reason="lightning not installed")
+    pl = require_module("lightning.pytorch", "lightning not installed")
     from slurmhealth.train.lightning import SlurmhealthCallback
 
     class Module(pl.LightningModule):  # type: ignore[misc]

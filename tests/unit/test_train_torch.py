@@ -183,7 +183,7 @@ def test_a_delayed_all_reduce_shows_on_both_ranks(tmp_path: Path) -> None:
 def test_lightning_hooks_a_ddp_model_once(
     world_of_one: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("lightning", reason="lightning not installed")
+    require_module("lightning", "lightning not installed")
     from torch.nn.parallel import DistributedDataParallel
 
     from slurmhealth.train.lightning import _hook_ddp

@@ -5,12 +5,14 @@ decision turns on: a mutation of any branch changes one of these verdicts."""
 
 from __future__ import annotations
 
+import dataclasses
 import tomllib
 from importlib import resources
 from typing import Any
 
 import pytest
 
+from slurmhealth import model
 from slurmhealth.checks import CheckContext, catalog, xid_table
 from slurmhealth.checks.xid_table import CATALOG_URL, classify, explain, judge
 from slurmhealth.model import Action, Finding, GpuState, NodeSnapshot, Severity, XidEvent
@@ -170,6 +172,29 @@ def test_explain_a_catalog_row_is_the_catalogs_row_and_its_bucket() -> None:
     }
 
 
+NVLINK5_DECODE = (
+    "judged by the line's sub component and error status (the catalog's XID 144-150 "
+    "Decode, intrInfo encoded as before or from driver R575): fatal rows reset the GPU, "
+    "others are recorded; this row applies when the line carries no such fields"
+)
+
+
+@pytest.mark.parametrize(("xid", "decoded"), [(143, False), (144, True), (150, True), (151, False)])
+def test_explain_says_how_nvlink5_xids_are_decoded(xid: int, decoded: bool) -> None:
+    out = explain(xid)
+    assert out.get("decode") == (NVLINK5_DECODE if decoded else None)
+    assert "reason" not in out
+
+
+def test_explain_says_why_an_unbucketed_xid_never_drains() -> None:
+    out = explain(162)
+    assert (out["immediate_action"], out["action"]) == ("UNBUCKETED", "record")
+    assert out["reason"] == (
+        "NVIDIA's catalog lists this Xid without a resolution bucket yet, so slurmhealth "
+        "records it as a warning and never drains for it"
+    )
+
+
 def test_explain_xid_63_and_an_unknown_xid() -> None:
     out = explain(63)
     assert out["severity"] == "fail if a row remap is pending, info if not, warn if unknown"
@@ -289,3 +314,165 @@ def test_pcie_aer_counts_errors_not_lines_and_judges_only_gpus() -> None:
     unnamed = kev("pcie_aer", None, level="fatal", device="nvidia")
     [f] = run("kernel_log", node(), kernel=(unnamed,))
     assert (f.severity, f.action) == (Severity.WARN, Action.RECORD)
+
+
+# -- what a finding tells the operator: its message and evidence ----------------------------------
+def test_an_xid_finding_names_the_line_process_and_time_it_came_from() -> None:
+    raw = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python3, GPU has fallen off " + "x" * 400
+    first = XidEvent(79, "0000:18:00.0", "m", raw, ts=1_700_000_000.5, pid=4242,
+                     process_name="python3")  # fmt: skip
+    later = dataclasses.replace(first, ts=1_700_000_009.0, pid=7, process_name="other")
+    [f] = run("xid", node(), (first, later))
+    info = classify(79)
+    assert f == Finding(
+        check="xid", severity=info.severity, gpu=0, uuid="GPU-0", action=Action.RESET,
+        message=f"Xid 79 {info.name} (x2) on 0000:18:00.0", hint=info.hint,
+        evidence={"xid": 79, "pci_bus_id": "0000:18:00.0", "count": 2, "pid": 4242,
+                  "process": "python3", "ts": 1_700_000_000.5, "line": raw[:300],
+                  "basis": "catalog", "caused_by": None},
+    )  # fmt: skip
+    [once] = run("xid", node(), (first,))
+    assert once.message == f"Xid 79 {info.name} on 0000:18:00.0" and once.evidence["count"] == 1
+
+
+# the name confirms neither intrInfo encoding, so the node's driver picks it (R575 and later: V2)
+NVLINK5_ODD = "NVRM: Xid (PCI:0000:18:00): 144, SAW Fatal XC0 i0 Link 1 (0x00000021 0x00000002)"
+
+
+@pytest.mark.parametrize(
+    ("driver", "version", "bucket"), [("580.65.06", "V2", None), ("570.124.06", "V1", "RESET_GPU")]
+)
+def test_an_nvlink5_xid_is_judged_and_decoded_by_the_nodes_driver(
+    driver: str, version: str, bucket: str | None
+) -> None:
+    snap = dataclasses.replace(node(), driver_version=driver)
+    [f] = run("xid", snap, (XidEvent(144, "0000:18:00.0", "m", NVLINK5_ODD),))
+    assert (f.severity, f.action, f.evidence["basis"]) == (Severity.FAIL, Action.RESET, "decode")
+    assert f.hint.startswith(f"SAW link 1, status 0x00000002, {version} decode: ")
+    assert f.evidence["nvlink5"] == {
+        "sub_component": "SAW", "link": 1, "intr_info": "0x00000021",
+        "error_status": "0x00000002", "decode": version, "bucket": bucket,
+        "line_says": "fatal", "link_down_reason": None,
+    }  # fmt: skip
+
+
+def test_an_nvlink5_xid_without_its_status_fields_has_nothing_decoded() -> None:
+    line = "NVRM: Xid (PCI:0000:18:00): 149, pid=1, name=x, NVLink error"
+    [f] = run("xid", node(), (XidEvent(149, "0000:18:00.0", "m", line),))
+    assert f.evidence["basis"] == "catalog" and "nvlink5" not in f.evidence
+
+
+@pytest.mark.parametrize("code", [144, 150])
+def test_the_decoded_fields_of_the_first_and_last_nvlink5_xid(code: int) -> None:
+    line = (f"NVRM: Xid (PCI:0000:18:00): {code}, MSE Fatal XC0 i0 Link 3 "
+            "(0x00000000 0x00000000 0x00000000 0x00000000 0x00000000 0x00000000)")  # fmt: skip
+    [f] = run("xid", node(), (XidEvent(code, "0000:18:00.0", "m", line),))
+    assert f.evidence["nvlink5"]["link"] == 3 and f.evidence["nvlink5"]["line_says"] == "fatal"
+    assert (f.evidence["basis"], f.action) == ("decode", Action.RESET)  # not the catalog's row
+    [plain] = run("xid", node(), (on("18", 143),))  # before the NVLink5 range: nothing decoded
+    assert "nvlink5" not in plain.evidence
+
+
+def mig_node() -> NodeSnapshot:
+    instances = tuple(
+        model.MigDevice(index=i, uuid=f"MIG-{gi}", gpu_instance_id=gi, compute_instance_id=0)
+        for i, gi in enumerate((9, 10))
+    )
+    return node(mig_mode=True, mig_devices=instances)
+
+
+def test_a_contained_xid_on_a_mig_instance_names_that_instance_only() -> None:
+    [f] = run("xid", mig_node(), (on("18", 43, gpu_instance="GPU-I:10"),))
+    assert f.message.endswith(" on 0000:18:00.0 GPU-I:10") and not f.action.takes_node_out
+    assert {k: f.evidence[k] for k in ("mig_uuid", "gpu_instance", "compute_instance")} == {
+        "mig_uuid": "MIG-10", "gpu_instance": 10, "compute_instance": 0,
+    }  # fmt: skip
+    [gone] = run("xid", mig_node(), (on("18", 43, gpu_instance="GPU-I:11"),))  # not on the GPU
+    assert gone.evidence["gpu_instance"] == 11 and "mig_uuid" not in gone.evidence
+    [plain] = run("xid", mig_node(), (on("18", 43),))
+    assert "gpu_instance" not in plain.evidence and plain.message.endswith(" on 0000:18:00.0")
+
+
+def test_an_xid_that_takes_the_gpu_out_on_a_mig_instance_is_the_whole_gpus() -> None:
+    [f] = run("xid", mig_node(), (on("18", 79, gpu_instance="GPU-I:09"),))
+    assert f.action is Action.RESET and f.gpu == 0
+    assert f.evidence["gpu_instance"] == 9 and "mig_uuid" not in f.evidence
+    two = run("xid", mig_node(), (on("18", 43, gpu_instance="GPU-I:09"),
+                                  on("18", 43, gpu_instance="GPU-I:10")))  # fmt: skip
+    assert [g.evidence["mig_uuid"] for g in two] == ["MIG-9", "MIG-10"]
+
+
+def test_a_kernel_fault_names_its_line_code_and_count() -> None:
+    raw = "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, Link 30 " + "y" * 400
+    sxid = KernelEvent("sxid", "m", raw, ts=5.0, pci_bus_id="0000:c3:00.0", code=24007,
+                       level="fatal")  # fmt: skip
+    [f] = run("kernel_log", node(), kernel=(sxid, dataclasses.replace(sxid, ts=6.0)))
+    assert f == Finding(
+        check="kernel_log", severity=Severity.FAIL, gpu=None, uuid=None, action=Action.DRAIN,
+        message="fatal NVSwitch error 24007 (x2) on 0000:c3:00.0",
+        hint="a fatal SXid needs the NVSwitch and its GPUs reset: drain and reboot the node; "
+        "check the fabric manager log",
+        evidence={"kind": "sxid", "level": "fatal", "pci_bus_id": "0000:c3:00.0",
+                  "gpu_number": None, "code": 24007, "count": 2, "ts": 5.0, "line": raw[:300]},
+    )  # fmt: skip
+    [by_number] = run("kernel_log", node(), kernel=(kev("gsp_timeout", gpu_number=1, ts=3.0),))
+    assert (by_number.evidence["gpu_number"], by_number.evidence["pci_bus_id"]) == (1, None)
+    assert by_number.message == "GSP firmware timeout on GPU1"
+    [nowhere] = run("kernel_log", node(), kernel=(kev("init_failed", ""),))  # no bus, no number
+    assert nowhere.message == "NVIDIA driver could not initialize the GPU"
+    assert nowhere.evidence["pci_bus_id"] is None and nowhere.evidence["code"] is None
+
+
+def test_corrected_errors_are_judged_by_their_kind_alone() -> None:
+    corrected = kev("pcie_aer", "0000:18:00.0", level="corrected", device="nvidia")
+    [f] = run("kernel_log", node(), kernel=(corrected,))
+    assert (f.message, f.evidence["level"]) == ("PCIe corrected errors on 0000:18:00.0", None)
+    [f] = run("kernel_log", node(), kernel=(kev("sxid", "0000:c3:00.0", level="corrected"),))
+    assert (f.severity, f.evidence["level"]) == (Severity.WARN, None)
+
+
+def test_a_fatal_aer_on_another_device_is_a_non_fatal_warning() -> None:
+    nic = kev("pcie_aer", "0000:c1:00.0", level="fatal")
+    [f] = run("kernel_log", node(), kernel=(nic,))
+    assert f.message == "PCIe uncorrectable non-fatal error on 0000:c1:00.0"
+    assert (f.severity, f.action, f.evidence["level"]) == (
+        Severity.WARN,
+        Action.RECORD,
+        "non-fatal",
+    )
+
+
+def test_a_gpu_line_names_the_report_of_a_banner_without_one() -> None:
+    banner = kev("gsp_timeout")  # "*** GSP Timeout ***": names no GPU
+    for named in (kev("gsp_timeout", "0000:18:00.0"), kev("gsp_timeout", gpu_number=0)):
+        [f] = run("kernel_log", node(), kernel=(named, banner))
+        assert f.gpu == 0 and f.evidence["count"] == 1
+    [alone] = run("kernel_log", node(), kernel=(banner,))
+    assert alone.gpu is None
+
+
+def test_every_fault_after_one_skipped_is_still_judged() -> None:
+    """A skipped line (the network's, a banner, a fault an acting Xid covers, an error on
+    another device) never hides the GPU faults read after it."""
+    after = kev("init_failed", "0000:2a:00.0")
+    skipped = [
+        kev("ib_kernel_log", "0000:c1:00.0"),
+        kev("gsp_timeout"),  # a banner of a fault the next line names on a GPU
+        kev("pcie_aer", "0000:c1:00.0", level="non-fatal"),
+    ]
+    for first in skipped:
+        named = kev("gsp_timeout", "0000:2a:00.0") if first.kind == "gsp_timeout" else after
+        found = run("kernel_log", node(), kernel=(first, named, after))
+        assert {(f.evidence["kind"], f.gpu) for f in found} >= {("init_failed", 1)}, first
+    covered = run(
+        "kernel_log", node(), (on("18", 79),), (kev("gsp_timeout", "0000:18:00.0"), after)
+    )
+    assert [(f.evidence["kind"], f.gpu) for f in covered] == [("init_failed", 1)]
+
+
+def test_an_acting_xid_covers_the_gpus_other_faults_but_not_switch_or_pcie_errors() -> None:
+    kernel = (kev("gsp_timeout", "0000:18:00.0"), kev("sxid", "0000:18:00.0", level="fatal"),
+              kev("pcie_aer", "0000:18:00.0", level="fatal", device="nvidia"))  # fmt: skip
+    found = run("kernel_log", node(), (on("18", 79),), kernel)
+    assert sorted(f.evidence["kind"] for f in found) == ["pcie_aer", "sxid"]
+    assert len(run("kernel_log", node(), (on("18", 43),), kernel)) == 3  # 43 does not act

@@ -19,11 +19,12 @@ import pytest
 
 from slurmhealth.history import Batch, History
 from slurmhealth.history.read import drain_rows, job_row
+from tests.support.skips import root_only
 from tests.unit.history.helpers import query, run_batch
 
 ADMIN_GID = 12345  # no group of that name needed: root may chown to any gid
 DEAD_PID = 4194303  # above the default pid_max: never a live process
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, runuser)")
+root_only = root_only("needs root (chown, runuser)")
 
 
 def _mode(path: Path) -> int:
