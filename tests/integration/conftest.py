@@ -185,10 +185,21 @@ class Cluster:
         """Forget every node's slurmhealth data (history, kernel-log cursor, run dir, evidence)
         and start a fresh slurmhealth.log (the old one is kept as slurmhealth.log.1).
 
-        Call it only while no job runs: a prolog/epilog may be writing these files.
+        Call it only while no job runs: a prolog/epilog may be writing these files. It
+        waits for the epilogs' detached after-work (their journal entries gone: the sidecar
+        stopped and its job's step folder, a tmpfs, unmounted), and unmounts what a killed
+        one left.
         """
+        deadline = time.monotonic() + 60
+        while any((self.dir / "nodes").glob("*/run/pending/*.json")):
+            if time.monotonic() > deadline:
+                break  # a worker killed mid-way: its entry stays, the folder goes below
+            time.sleep(POLL_S)
         for node_dir in sorted((self.dir / "nodes").glob("*")):
             if node_dir.is_dir():
+                for job_dir in (node_dir / "run" / "jobs").glob("*"):
+                    if job_dir.is_mount():
+                        _run(["umount", "-l", str(job_dir)], check=False)
                 shutil.rmtree(node_dir)
                 (node_dir / "run").mkdir(parents=True)
         evidence = self.dir / "evidence"
