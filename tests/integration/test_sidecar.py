@@ -161,8 +161,11 @@ def test_job_series_come_and_go_through_one_static_target_per_node(fleet: Fleet)
 
     # the exporter's next textfile write after the after-work removed the job's state (a
     # loaded CI machine took longer than 5.5 s once); a lingering series stays far longer
-    _wait(lambda: not live(get_text(fleet.node_exporter)), 20.0,
-          "the textfile series to vanish")  # fmt: skip
+    try:
+        _wait(lambda: not live(get_text(fleet.node_exporter)), 20.0,
+              "the textfile series to vanish")  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {live(get_text(fleet.node_exporter))[:5]}") from None
     assert not state_file.exists()
     # what stays: the job's per-GPU stats its epilog published (final_series), for a report
     published = f'slurmhealth_job_gpu_stat{{job_id="{job.job_id}",stat="samples"}}'
