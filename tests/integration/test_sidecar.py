@@ -166,8 +166,10 @@ def test_job_series_come_and_go_through_one_static_target_per_node(fleet: Fleet)
               "the textfile series to vanish")  # fmt: skip
     except AssertionError as exc:
         left = sorted(os.listdir(cluster.dir / "nodes" / "n2" / "run" / "export"))
-        raise AssertionError(f"{exc}: {live(get_text(fleet.node_exporter))[:2]}; sidecars "
-                             f"{_sidecar_pids(job.job_id)}; state files {left}") from None
+        raise AssertionError(
+            f"{exc}: {live(get_text(fleet.node_exporter))[:2]}; sidecars "
+            f"{_sidecar_pids(job.job_id)}; state files {left}"
+        ) from None
     assert not state_file.exists()
     # what stays: the job's per-GPU stats its epilog published (final_series), for a report
     published = f'slurmhealth_job_gpu_stat{{job_id="{job.job_id}",stat="samples"}}'
