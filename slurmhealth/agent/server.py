@@ -90,7 +90,8 @@ class Agent:
         self._gpu = SharedGpu(max_age_s=snapshot_max_age_s)
         self._jobs = NodeJobs()
         self._threads: list[threading.Thread] = []
-        self._held: dict[str, Any] = {}  # history path -> history.hold_open's connection
+        # history path -> (its inode, history.hold_open's connection to it)
+        self._held: dict[str, tuple[int, Any]] = {}
         self._held_lock = threading.Lock()
 
     @property
@@ -147,7 +148,7 @@ class Agent:
             thread.join(timeout=5.0)
         self._gpu.close()
         with self._held_lock:
-            for held in self._held.values():
+            for _ino, held in self._held.values():
                 held.close()  # the last one: SQLite checkpoints the WAL, off any job's path
             self._held.clear()
 
@@ -157,9 +158,17 @@ class Agent:
         (5-15 ms of each job start on an idle node)."""
         from slurmhealth.history import hold_open
 
+        try:
+            ino = os.stat(path).st_ino
+        except OSError:
+            return
         with self._held_lock:
-            if path not in self._held and (held := hold_open(path)) is not None:
-                self._held[path] = held
+            if path in self._held and self._held[path][0] == ino:
+                return
+            if path in self._held:  # replaced (a corrupt one moved aside): hold the new one
+                self._held.pop(path)[1].close()
+            if (held := hold_open(path)) is not None:
+                self._held[path] = (ino, held)
 
     # -- connections ---------------------------------------------------------------------
     def _serve(self) -> None:

@@ -138,6 +138,24 @@ def test_no_job_start_through_the_agent_checkpoints_the_history(
     assert [r["status"] for r in _runs(tmp_path)] == ["ok"] * 3
 
 
+def test_a_history_replaced_under_the_agent_is_held_open_anew(
+    agent: tuple[Agent, Config, Path], tmp_path: Path
+) -> None:
+    """A history moved aside (as a corrupt one is) and made anew: the agent lets the old
+    file go and holds the new one, so job starts still close without a checkpoint."""
+    running, _cfg, config = agent
+    assert client.ask(running.path, "prolog", _env(config, 50))["exit_code"] == 0
+    for suffix in ("", "-wal", "-shm"):
+        old = tmp_path / f"history.db{suffix}"
+        if old.exists():
+            old.rename(tmp_path / f"moved.db{suffix}")
+    for n in (51, 52):
+        assert client.ask(running.path, "prolog", _env(config, n))["exit_code"] == 0
+    wal = tmp_path / "history.db-wal"
+    assert wal.exists() and wal.stat().st_size > 0
+    assert [r["job_id"] for r in _runs(tmp_path)] == [str(BASE + 51), str(BASE + 52)]
+
+
 def test_another_protocol_version_is_refused_so_the_client_falls_back(
     agent: tuple[Agent, Config, Path],
 ) -> None:
