@@ -16,6 +16,7 @@ import fcntl
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Iterator
 
@@ -122,12 +123,61 @@ def fix_file(fd: int, gid: int) -> None:
 def prepare_db(path: str, gid: int) -> None:
     """Before sqlite opens ``path``: its folder made and checked, the file created (or
     fixed) private, as are an existing ``-wal``/``-shm`` (sqlite gives new ones the
-    database's mode and owner). Raises ``OSError`` (:class:`UnsafeFile` when refused)."""
+    database's mode and owner). Raises ``OSError`` (:class:`UnsafeFile` when refused).
+
+    None of the three is opened for reading or writing: closing such a descriptor drops
+    every POSIX lock this process holds on the file, SQLite's included (its connections in
+    other threads: a daemon's held connection, the agent's concurrent hooks). With the
+    ``-shm`` lock gone, the next process to open the history takes itself for the first,
+    truncates the ``-shm`` under this one's mapping (SIGBUS) and may write while this one
+    does. An ``O_PATH`` descriptor holds no lock and drops none."""
     make_dir(os.path.dirname(path) or ".", gid)
-    os.close(open_private(path, os.O_RDWR | os.O_CREAT, gid))
+    if not os.path.lexists(path):
+        _create_private(path, gid)
+    _fix_in_place(path, gid)
     for suffix in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
-            os.close(open_private(path + suffix, os.O_RDONLY, gid))
+            _fix_in_place(path + suffix, gid)
+
+
+def _create_private(path: str, gid: int) -> None:
+    """An empty ``path``, 0640 with group ``gid``, made under a private name and linked
+    into place: no other thread can have opened (and locked) it while it is made."""
+    tmp = f"{path}.new-{os.getpid()}-{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 FILE_MODE)  # fmt: skip
+    try:
+        fix_file(fd, gid)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # made meanwhile by another hook: theirs is checked like any other
+    finally:
+        os.unlink(tmp)
+
+
+def _fix_in_place(path: str, gid: int) -> None:
+    """:func:`open_private`'s checks and :func:`fix_file`'s fix through an ``O_PATH``
+    descriptor (it refers to a symlink itself, and opens no FIFO)."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeFile(path, "a symlink")
+        why = None if stat.S_ISREG(st.st_mode) else "not a regular file"
+        why = why or _why_untrusted(st, "file")
+        if why:
+            raise UnsafeFile(path, why)
+        through = f"/proc/self/fd/{fd}"  # fchmod/fchown refuse an O_PATH descriptor
+        with contextlib.suppress(OSError):  # EPERM: a non-root run, not in the admin group
+            if gid >= 0 and st.st_gid != gid:
+                os.chown(through, -1, gid)
+            if stat.S_IMODE(st.st_mode) != FILE_MODE:
+                os.chmod(through, FILE_MODE)
+    finally:
+        os.close(fd)
 
 
 def move_aside(path: str) -> str:

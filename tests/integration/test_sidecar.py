@@ -105,11 +105,16 @@ scrape_configs:
         return f"http://127.0.0.1:{self.ports[node]}/metrics"
 
     def stop(self) -> None:
+        """Everything stopped; an exporter (node agent) that died during the test fails it
+        (seen: SIGBUS, the history's -shm truncated under it by another process)."""
         for stop in self.stops:
             stop()
+        died = {n: p.returncode for n, p in zip(NODES, self.procs, strict=False)
+                if p.poll() is not None}  # fmt: skip
         for proc in self.procs:
             proc.terminate()
             proc.wait(10)
+        assert not died, f"exporters died during the test (node: exit status): {died}"
 
     def series(self, expr: str) -> list[dict[str, Any]]:
         answer = query(self.prometheus, expr)

@@ -11,13 +11,14 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from slurmhealth.history import Batch, History
+from slurmhealth.history import Batch, History, hold_open
 from slurmhealth.history.read import drain_rows, job_row
 from tests.support.skips import root_only
 from tests.unit.history.helpers import query, run_batch
@@ -174,3 +175,55 @@ def test_invalid_lines_are_never_appended_through_a_symlinked_rejected_file(
     history.close()
     assert secret.read_text() == "root only\n"
     assert f"{spool}.rejected: a symlink; refused" in caplog.text
+
+
+# SQLite's "DMS" byte of the -shm (unix VFS: 120 + SQLITE_SHM_NLOCK): every process with
+# the history open holds it shared; one that gets it exclusive takes itself for the first
+# user and truncates the -shm under the others' mappings
+_DMS_PROBE = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 128)
+except OSError:
+    sys.exit(0)
+sys.exit(1)
+"""
+
+
+def _shm_in_use(db: Path) -> bool:
+    """Whether another process holds SQLite's shared lock on ``db``'s -shm."""
+    probe = subprocess.run([sys.executable, "-c", _DMS_PROBE, f"{db}-shm"], check=False)
+    return probe.returncode == 0
+
+
+def test_a_second_history_in_one_process_leaves_the_first_ones_locks(tmp_path: Path) -> None:
+    """The node agent holds the history open while its hooks open and close it: checking
+    the files must not close a descriptor of them, which drops every POSIX lock the
+    process holds there (seen: the next hook process truncated the -shm, SIGBUS)."""
+    db = tmp_path / "history.db"
+    History(db).write(run_batch("r1", 1.0))
+    held = hold_open(str(db))
+    assert held is not None
+    try:
+        assert _shm_in_use(db)
+        db.chmod(0o644)  # something to fix, as an older version left it
+        with History(db) as again:
+            assert again.write(run_batch("r2", 2.0))
+        assert _mode(db) == 0o640
+        assert _shm_in_use(db), "the held connection lost its lock on the -shm"
+        assert held.execute("select count(*) from check_runs").fetchone() == (2,)
+    finally:
+        held.close()
+
+
+def test_the_history_refuses_a_symlinked_or_fifo_wal(tmp_path: Path) -> None:
+    db = tmp_path / "history.db"
+    History(db).write(run_batch("r1", 1.0))
+    for suffix, plant in (("-wal", lambda p: p.symlink_to(tmp_path / "elsewhere")),
+                          ("-shm", os.mkfifo)):  # fmt: skip
+        for leftover in tmp_path.glob("history.db-*"):
+            leftover.unlink()
+        plant(Path(f"{db}{suffix}"))
+        with pytest.raises(OSError, match="refused"):
+            History(db).connection()
