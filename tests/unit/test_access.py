@@ -75,6 +75,21 @@ def test_check_job_decides_by_uid_then_name_and_names_what_was_refused() -> None
     )
 
 
+def test_a_jobs_owner_is_named_from_its_records_or_the_user_database() -> None:
+    """Who owns a job, as every access check asks it: a recorded name stands; a uid alone
+    is named from the user database, or ``uid N`` when it has no entry; nothing recorded
+    is an unknown owner, whom only admins may read."""
+    assert access.job_owner(1001, "bob") == access.Owner(1001, "bob")  # Slurm's name kept
+    assert access.job_owner(0) == access.Owner(0, "root")
+    assert access.job_owner(54321, "") == access.Owner(54321, "uid 54321")  # no passwd entry
+    assert access.job_owner(None, "alice") == access.Owner(None, "alice")
+    assert access.job_owner() == access.Owner(None, None)
+    with pytest.raises(access.AccessDenied) as e:
+        access.check_job(ALICE, ADMINS, "9", *access.job_owner(54321))
+    assert str(e.value).startswith("job 9 belongs to uid 54321;"), str(e.value)
+    access.check_job(OPS_BOB, ADMINS, "9", *access.job_owner())  # an admin reads it
+
+
 def _system_config(tmp_path: Path, text: str | bytes) -> str:
     path = tmp_path / "etc" / "config.toml"
     path.parent.mkdir(mode=0o755)
