@@ -96,6 +96,7 @@ def test_name_model_and_every_size_from_the_output() -> None:
     assert r.meta["test"] == "all_gather_perf" and r.gpu_model == "NVIDIA A100-SXM4-80GB"
     assert r.meta["ranks"] == 8 and r.meta["nodes"] == ["dgx-00"] and r.meta["checked"]
     assert _metric(r, "all_gather_perf.busbw_avg") == 61.2345
+    assert r.kind == "nccl" and {m.unit for m in r.measurements} == {"GB/s"}
     kept = {m.metric.split("@")[0] + "@" for m in r.measurements if "@" in m.metric}
     assert kept == {f"all_gather_perf.{f}@" for f in ("busbw", "algbw", "busbw_inplace",
                                                       "algbw_inplace")}  # fmt: skip
@@ -138,6 +139,7 @@ def test_pre_2_13_layouts_without_redop_or_root() -> None:
     )
     r = parse("nccl", "$ ./all_gather_perf -g 4\n" + gather)
     assert r.passed and _metric(r, "all_gather_perf.busbw@1024") == 0.06
+    assert _metric(r, "all_gather_perf.busbw_avg") == 0.06  # an average below 1 GB/s counts
     bcast = gather.replace("   float    13.10", "   float     0    13.10").replace(
         "0e+00\n", "2e-07\n"
     )
@@ -390,6 +392,7 @@ def test_an_average_of_zero_or_not_a_number_is_not_a_measurement(avg: str) -> No
     r = _one_size([(9e3, 119.3, 223.7, 0)] * 2, tail)
     assert not any(m.metric.endswith("busbw_avg") for m in r.measurements)
     assert _metric(r, f"all_reduce_perf.busbw@{1 << 30}") == 223.7
+    assert r.problems == ()  # the line is there: not 'cut short'
 
 
 def test_each_size_with_its_time_count_and_type_and_no_zero_bandwidth() -> None:
@@ -465,8 +468,11 @@ def test_nccl_output_without_results_is_a_failed_run(text: str) -> None:
 
 
 def test_text_that_is_not_nccl_output_is_a_parse_error() -> None:
-    with pytest.raises(BaselineParseError, match=r"^nccl: no nccl-tests result rows"):
+    with pytest.raises(BaselineParseError) as info:
         parse("nccl", "hello\nworld\n")
+    assert str(info.value) == (
+        "nccl: no nccl-tests result rows and no '# Avg bus bandwidth' line found"
+    )
 
 
 def test_the_device_model_in_the_meta() -> None:
@@ -501,3 +507,161 @@ def test_a_size_below_1_gbs_still_names_the_test() -> None:
     rows = [row(s, s // 4, "float", "sum", -1, [(100.0, 80.0, 8.0, 0)] * 2) for s in SIZES[:-1]]
     rows.append(row(SIZES[-1], SIZES[-1] // 4, "float", "sum", -1, [(9e5, 0.5, 0.88, 0)] * 2))
     assert parse("nccl", _nameless(8, "sum", -1, 0, rows=rows)).meta["test"] == "all_reduce_perf"
+
+
+def _before_2_17(test: str, ranks: int = 8, model: str = "NVIDIA H100 80GB HBM3") -> str:
+    """The header as nccl-tests printed it before 2.17: no version or 'Collective test' line
+    (the name is only on the command line a job script echoes)."""
+    lines = header(test, ranks, model).splitlines(keepends=True)[2:]
+    return "".join(lines).replace(" unalign: 0", "")
+
+
+def _rows(sizes: list[int], redop: str, root: int, algbw: float, busbw: float) -> str:
+    return "".join(
+        row(s, s // 4, "float", redop, root, [(100.0, algbw, busbw, 0)] * 2) + "\n" for s in sizes
+    )
+
+
+def test_runs_of_a_job_script_split_at_each_command_line() -> None:
+    """A script echoing each command (``set -x``), the first run killed by ``timeout`` mid-table:
+    each run is read under the name on its own command line."""
+    cut = "+ timeout 600 srun ./build/all_reduce_perf -b 1K -e 1G -f 4 -g 8\n"
+    cut += _before_2_17("all_reduce_perf") + _rows(SIZES[:3], "sum", -1, 80.0, 140.0)
+    gather = "+ srun /opt/nccl-tests/build/all_gather_perf -b 1K -e 1G -f 4 -g 8\n"
+    gather += _before_2_17("all_gather_perf") + _rows(SIZES[:2], "none", -1, 80.0, 70.0)
+    gather += footer("", 70.0).rsplit("# Coll", 1)[0]
+    a2a = "+ srun /opt/nccl-tests/build/alltoall_perf -b 1K -e 1G -f 4 -g 8\n"
+    a2a += _before_2_17("alltoall_perf") + _rows(SIZES[:2], "none", -1, 60.0, 52.5)
+    a2a += footer("", 52.5).rsplit("# Coll", 1)[0]
+    r = parse("nccl", cut + gather + a2a)
+    assert r.meta["tests"] == ["all_reduce_perf", "all_gather_perf", "alltoall_perf"]
+    assert r.passed and r.problems == (
+        "no '# Out of bounds values' line (output may be truncated)",
+        "no '# Avg bus bandwidth' line (cut short after 3 rows?); busbw_avg not recorded",
+    )
+    assert _metric(r, f"all_reduce_perf.busbw@{SIZES[2]}") == 140.0
+    assert _metric(r, "all_gather_perf.busbw_avg") == 70.0
+    assert _metric(r, f"alltoall_perf.busbw@{SIZES[1]}") == 52.5
+    assert not any(m.metric.startswith("nccl.") for m in r.measurements)
+
+
+def test_a_run_that_died_keeps_its_failure_and_not_the_next_runs_rows() -> None:
+    died = "+ srun ./build/all_reduce_perf -g 8\n" + _before_2_17("all_reduce_perf")
+    died += "dgx-00: Test NCCL failure common.cu:1040 'unhandled system error'\n"
+    gather = "+ srun ./build/all_gather_perf -g 8\n" + _before_2_17("all_gather_perf")
+    gather += _rows(SIZES[:2], "none", -1, 80.0, 70.0) + footer("", 70.0).rsplit("# Coll", 1)[0]
+    r = parse("nccl", died + gather)
+    assert r.meta["tests"][0] == "all_reduce_perf" and len(r.meta["tests"]) == 2
+    assert r.errors == (
+        f"line {died.count(chr(10))}: dgx-00: Test NCCL failure common.cu:1040"
+        " 'unhandled system error'",
+    )
+    assert not any(m.metric.startswith("all_reduce_perf.") for m in r.measurements)
+
+
+def test_a_test_cut_short_after_another_is_named_by_its_start_line() -> None:
+    """2.17+: the second test was killed mid-table, so no 'Collective test concluded' line."""
+    text = all_gather(model="NVIDIA H100 80GB HBM3")
+    text += header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    text += _rows(SIZES[:4], "sum", -1, 80.0, 140.0)
+    r = parse("nccl", text)
+    assert r.meta["tests"] == ["all_gather_perf", "all_reduce_perf"]
+    assert _metric(r, f"all_reduce_perf.busbw_inplace@{SIZES[3]}") == 140.0
+    assert r.problems == (
+        "no '# Out of bounds values' line (output may be truncated)",
+        "no '# Avg bus bandwidth' line (cut short after 4 rows?); busbw_avg not recorded",
+    )
+
+
+def test_the_echoed_command_before_a_2_17_header_is_the_same_test() -> None:
+    text = "$ ./build/all_reduce_perf -b 1K -e 1G -f 4 -g 8\n"
+    text += header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    text += _rows(SIZES, "sum", -1, 80.0, 140.0) + footer("all_reduce_perf", 140.0)
+    r = parse("nccl", text)
+    assert r.meta["tests"] == ["all_reduce_perf"] and r.passed and r.problems == ()
+    assert r.kind == "nccl"
+
+
+def test_errors_and_problems_of_every_test_in_the_file_are_kept() -> None:
+    wrong = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    wrong += row(1 << 20, 1 << 18, "float", "sum", -1, [(50.0, 20.9, 36.6, 2)] * 2) + "\n"
+    wrong += "# Avg bus bandwidth    : 36.6 \n#\n# Collective test concluded: all_reduce_perf\n"
+    r = parse("nccl", wrong + all_gather())
+    assert r.meta["tests"] == ["all_reduce_perf", "all_gather_perf"] and not r.passed
+    assert r.errors == (
+        f"size {1 << 20} (float): out-of-place #wrong 2",
+        f"size {1 << 20} (float): in-place #wrong 2",
+    )
+    assert r.problems == ("no '# Out of bounds values' line (output may be truncated)",)
+
+
+def test_rank_lines_of_a_gpu_without_a_name() -> None:
+    """util.cu prints '[bus] %s': a device whose name is empty leaves the trailing space."""
+    text = all_gather().replace("[0000:18:00] NVIDIA A100-SXM4-80GB\n", "[0000:18:00] \n")
+    text = text.replace(" NVIDIA A100-SXM4-80GB\n", " \n")
+    r = parse("nccl", text)
+    assert r.meta["ranks"] == 8 and r.meta["nodes"] == ["dgx-00"]
+    assert r.meta["device_model"] is None and r.gpu_model is None
+
+
+def _per_iter_header(test: str) -> str:
+    """writeResultHeader under ``-I 1``."""
+    top = header(test, 8, "NVIDIA H100 80GB HBM3").rsplit("#\n", 1)[0] + "#\n"
+    names = ("time", "algbw", "busbw", "#wrong", "i_min", "i_max", "i_p99", "i_cv%")
+    cols = "  ".join(f"{c:>7}" for c in names)
+    above = f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}              out-of-place"
+    above += " (+ per-iteration)                                in-place (+ per-iteration)\n"
+    first = f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}"
+    return top + above + f"{first}  {cols}  {cols}\n"
+
+
+@pytest.mark.parametrize("per_iter", [False, True])
+def test_an_in_place_only_row_of_a_trace_replay(per_iter: bool) -> None:
+    """writeBenchMarkLineNullBody: 32 blanks instead of the out-of-place half, under -I 1
+    too (then the in-place half carries i_min i_max i_p99 i_cv%)."""
+    head = _per_iter_header("all_reduce_perf") if per_iter else header("all_reduce_perf", 8, "x")
+    line = f"{1 << 23:12d}  {1 << 21:12d}  {'float':>8}  {'sum':>6}  {-1:6d}" + " " * 32
+    line += "    95.00   88.30  154.50       0"
+    line += "     93.1     97.4     97.9      1.2" if per_iter else ""
+    r = parse("nccl", head + line + "\n" + footer("all_reduce_perf", 154.5))
+    assert r.problems == ()
+    found = {m.metric: m.value for m in r.measurements}
+    assert found == {
+        "all_reduce_perf.busbw_avg": 154.5,
+        f"all_reduce_perf.busbw_inplace@{1 << 23}": 154.5,
+        f"all_reduce_perf.algbw_inplace@{1 << 23}": 88.3,
+    }
+
+
+def test_a_row_with_nccl_log_output_glued_in_is_unreadable() -> None:
+    """NCCL_DEBUG=INFO writes to the same stdout: a line of another thread can land in the
+    middle of a row (nccl-tests prints each half separately)."""
+    text = header("all_reduce_perf", 8, "NVIDIA H100 80GB HBM3")
+    text += row(1 << 22, 1 << 20, "float", "sum", -1, [(59.1, 70.9, 133.0, 0)] * 2) + "\n"
+    lineno = text.count("\n") + 1
+    glued = (
+        f"{1 << 23:12d}  {1 << 21:12d}  {'float':>8}  {'sum':>6}  {-1:6d}    80.26  104.52  195.97"
+        "       0dgx-00:4001:4120 [1] NCCL INFO Connected all trees"
+    )
+    text += glued + "\n    80.56  104.13  195.24       0\n"
+    r = parse("nccl", text + footer("all_reduce_perf", 133.0))
+    assert r.problems == (
+        f"line {lineno}: unreadable table row {glued.strip()[:80]!r}",
+        f"line {lineno + 1}: unreadable table row '80.56  104.13  195.24       0'",
+    )
+    assert _metric(r, f"all_reduce_perf.busbw@{1 << 22}") == 133.0
+
+
+def test_several_types_in_a_layout_without_redop() -> None:
+    """Before 2.13 all_gather printed no redop column; ``-d all`` still ran several types."""
+    text = "$ ./build/all_gather_perf -g 4 -d all\n"
+    text += "# nThread 1 nGpus 4 minBytes 1024 maxBytes 1024 step: 2(factor) warmup iters: 5\n"
+    for dtype in ("float", "half"):
+        text += f"        1024            64  {dtype:>6}    13.10    0.08    0.06  0e+00"
+        text += "    12.90    0.08    0.06  0e+00\n"
+    r = parse("nccl", text + "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 0.06 \n")
+    names = {m.metric for m in r.measurements if m.metric.startswith("all_gather_perf.busbw@")}
+    assert names == {
+        "all_gather_perf.busbw@1024.float.none",
+        "all_gather_perf.busbw@1024.half.none",
+    }
