@@ -18,7 +18,11 @@ from slurmhealth.baseline.model import BenchmarkFailed, Measurement, ParseResult
 from slurmhealth.baseline.parse_common import LAUNCHER_PREFIX, NUM, device_model, fail, result
 from slurmhealth.baseline.parse_nccl_table import Row, is_row, parse_row
 
-_COLLECTIVE = re.compile(r"#\s*Collective test (?:starting|concluded):\s*(?:\S*[/\\])?(\w{1,60})")
+# the binary's name as 2.17+ prints it; an MPI build's "_mpi" dropped, as _TEST_NAME does for
+# a command line, so one test keeps one name across nccl-tests versions and builds
+_COLLECTIVE = re.compile(
+    r"#\s*Collective test (?:starting|concluded):\s*(?:\S*[/\\])?(\w{1,60}?)(?:_mpi)?(?!\w)"
+)
 _TEST_NAME = re.compile(r"(?:^|[\s/\\])(\w{1,60}_perf)(?:_mpi)?(?:\.exe)?(?=\s|$)")
 _RANK = re.compile(
     r"#\s*Rank\s+(\d{1,9})\s+(?:Group\s+\d{1,9}\s+)?(?:Pid\s+(\d{1,12})\s+)?on\s+(\S+)\s+device\s+"

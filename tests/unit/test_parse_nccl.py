@@ -665,3 +665,18 @@ def test_several_types_in_a_layout_without_redop() -> None:
         "all_gather_perf.busbw@1024.float.none",
         "all_gather_perf.busbw@1024.half.none",
     }
+
+
+@pytest.mark.parametrize("binary", ["all_reduce_perf_mpi", "./build/all_reduce_perf_mpi"])
+def test_an_mpi_build_is_the_same_test_before_and_after_2_17(binary: str) -> None:
+    """2.17+ names the binary it runs (an MPI build's ends in _mpi); older versions' name
+    comes from the command line, where _mpi was already dropped: one baseline, one name."""
+    text = header(binary, 8, "NVIDIA H100 80GB HBM3")
+    text += _rows(SIZES, "sum", -1, 80.0, 140.0) + footer(binary, 140.0)
+    r = parse("nccl", text)
+    assert r.meta["tests"] == ["all_reduce_perf"] and r.problems == ()
+    assert _metric(r, "all_reduce_perf.busbw_avg") == 140.0
+    old = parse("nccl", "+ mpirun -np 8 ./build/all_reduce_perf_mpi -g 1\n"
+                + _nameless(8, "sum", -1, 2 * 7 / 8))  # fmt: skip
+    assert old.meta["tests"] == ["all_reduce_perf"]  # named by its command line
+    assert _metric(old, "all_reduce_perf.busbw_avg") == 140.0
