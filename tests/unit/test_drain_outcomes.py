@@ -236,3 +236,19 @@ def test_a_reason_given_by_the_caller_is_the_one_slurm_gets_on_one_line() -> Non
     got = drain_node(cfg(), slurm, "n1", [NVLINK], reason="slurmhealth: sweep\nnode n1 slow")
     assert (got.state, got.reason) == ("drained", "slurmhealth: sweep node n1 slow")
     assert [r for _, r in slurm.drains] == ["slurmhealth: sweep node n1 slow"]
+
+
+def test_an_admins_drain_over_ours_is_never_undone_by_the_breaker() -> None:
+    """Between our drain and the count, an admin re-drained the node with their reason
+    (and another node was drained by us): the breaker undoes only our own drain, never
+    resumes a node someone else holds."""
+
+    class Overtaken(RecordingSlurm):
+        def drain(self, node: str, reason: str) -> None:
+            super().drain(node, reason)
+            self.table[node] = NodeInfo(node, "drained", "maint: PSU swap", "alice", 9.0)
+            self.table["n3"] = ours("n3", at=8.0)
+
+    slurm = Overtaken(idle("n1", "n2", "n3"))
+    assert drain_node(cfg(share=0.34), slurm, "n2", [NVLINK]) == DrainOutcome("drained", REASON)
+    assert slurm.resumes == [] and slurm.table["n2"].reason == "maint: PSU swap"
