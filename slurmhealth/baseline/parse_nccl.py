@@ -66,7 +66,10 @@ def _new_section(sections: list[_Section], line: str) -> bool:
     if _HEADER.search(line):
         return done or cur.header
     command = not line.lstrip().startswith("#") and not is_row(line)
-    return done and command and bool(_TEST_NAME.search(line))
+    # a command line naming a test ends a run that has a table, or one that was named and
+    # started (its header, or its failure) but died before a table: the next run's own
+    started = (cur.header or bool(cur.errors)) and cur.name is not None
+    return (done or started) and command and bool(_TEST_NAME.search(line))
 
 
 def _read_line(sec: _Section, lineno: int, line: str) -> None:

@@ -551,7 +551,9 @@ def test_a_run_that_died_keeps_its_failure_and_not_the_next_runs_rows() -> None:
     gather = "+ srun ./build/all_gather_perf -g 8\n" + _before_2_17("all_gather_perf")
     gather += _rows(SIZES[:2], "none", -1, 80.0, 70.0) + footer("", 70.0).rsplit("# Coll", 1)[0]
     r = parse("nccl", died + gather)
-    assert r.meta["tests"][0] == "all_reduce_perf" and len(r.meta["tests"]) == 2
+    assert r.meta["tests"] == ["all_reduce_perf", "all_gather_perf"]  # each by its command
+    assert _metric(r, "all_gather_perf.busbw_avg") == 70.0
+    assert "test name not in the output" not in " ".join(r.problems)
     assert r.errors == (
         f"line {died.count(chr(10))}: dgx-00: Test NCCL failure common.cu:1040"
         " 'unhandled system error'",
