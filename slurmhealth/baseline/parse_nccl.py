@@ -26,7 +26,7 @@ _COLLECTIVE = re.compile(
 _TEST_NAME = re.compile(r"(?:^|[\s/\\])(\w{1,60}_perf)(?:_mpi)?(?:\.exe)?(?=\s|$)")
 _RANK = re.compile(
     r"#\s*Rank\s+(\d{1,9})\s+(?:Group\s+\d{1,9}\s+)?(?:Pid\s+(\d{1,12})\s+)?on\s+(\S+)\s+device\s+"
-    r"(\d{1,9})\s+\[[^\]]*\]\s+(.*?)\s*$"
+    r"(\d{1,9})\s+\[[^\]]*\](?:\s+(.*?))?\s*$"
 )
 _HEADER = re.compile(r"(?:^|#)\s*nThread\s+(\d{1,9})\s+nGpus\s+(\d{1,9})")
 _ITERS = re.compile(r"(?<!warmup )iters:?\s+(\d{1,9})")

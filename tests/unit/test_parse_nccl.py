@@ -477,9 +477,10 @@ def test_text_that_is_not_nccl_output_is_a_parse_error() -> None:
 
 def test_the_device_model_in_the_meta() -> None:
     assert parse("nccl", all_gather()).meta["device_model"] == "NVIDIA A100-SXM4-80GB"
-    no_model = all_gather().replace(" NVIDIA A100-SXM4-80GB\n", "\n")
+    no_model = all_gather().replace(" NVIDIA A100-SXM4-80GB\n", "\n")  # trailing blank cut
     r = parse("nccl", no_model)
     assert r.meta["device_model"] is None and r.gpu_model is None
+    assert r.meta["ranks"] == 8 and r.meta["nodes"] == ["dgx-00"]  # the ranks still count
 
 
 @pytest.mark.parametrize(("ratio", "redop"), [(2 * 7 / 8, "sum"), (7 / 8, "sum"), (1.0, "none")])
