@@ -116,7 +116,10 @@ GROUPS: dict[str, tuple[list[str], list[str]]] = {
         ["tests/unit/test_remediate_plan.py", "tests/unit/test_remediate.py"],
     ),
     # the repair's orchestration (1,000 mutants, each over simulated repairs: about an hour)
-    "remediation-run": (["slurmhealth/hooks/remediate.py"], ["tests/unit/test_remediate.py"]),
+    "remediation-run": (
+        ["slurmhealth/hooks/remediate.py"],
+        ["tests/unit/test_remediate.py", "tests/unit/test_remediate_run.py"],
+    ),
     "sweep": (
         ["slurmhealth/sweep/verdict.py", "slurmhealth/sweep/plan.py"],
         [f"tests/unit/test_sweep_{t}.py" for t in ("verdict", "evidence", "plan")],

@@ -282,7 +282,7 @@ def _after_reboot(
     """The tick after ``scontrol reboot``: wait while it runs; then validate. Clean: the
     reboot row ends ``validated`` (Slurm resumed the node). The fault back: it ends
     ``fault_returned`` and the node is drained again (None: the caller counts attempts)."""
-    from slurmhealth.history import records
+    from slurmhealth.history import records, rows
 
     if me.state.startswith("down") and not me.ours:  # Slurm gave up on it (ResumeTimeout)
         _write(ad, records.remediation({**row, "ended": ad.clock(), "outcome": "failed",
@@ -294,7 +294,7 @@ def _after_reboot(
         return Step(me.name, "wait", f"reboot in progress (node {me.state})", row["fault"])
     if ad.local_jobs() != []:  # a job took the node first: its processes are not a fault
         return Step(me.name, "wait", "back after the reboot; validating once no job runs")
-    fault = _Fault(me.name, str(row["fault"]), [], row.get("job_id"))
+    fault = _Fault(me.name, fleet.fault_of(str(row["fault"])), [], row.get("job_id"))
     clean, reasons = ad.validate()
     ended = ad.clock()
     closed = {**row, "ended": ended, "outcome": "validated" if clean else "fault_returned",
@@ -303,9 +303,14 @@ def _after_reboot(
     if clean:
         if me.drained and me.ours:
             _resume(me, fault, ad, "validated after a reboot")
+        elif not me.drained:  # Slurm resumed it: the history's drain ends here too
+            _write(ad, records.drain(rows.drain_row(
+                ended, me.name, "resumed", "slurmhealth remediation: validated after a reboot",
+                ACTOR, {"previous_reason": me.reason, "validated": True,
+                        "why": "resumed by Slurm (nextstate=RESUME)"})))  # fmt: skip
         return Step(me.name, "resume", "validated after the reboot: in service", fault.text)
     if not me.drained:  # Slurm resumed it (nextstate=RESUME): take it out again
-        ad.slurm.drain(me.name, f"{REASON_PREFIX} {fault.text} (back after reboot)")
+        ad.slurm.drain(me.name, f"{REASON_PREFIX} {fault.text}{fleet.BACK}")
     log.warning("%s: fault back after the reboot: %s", me.name, "; ".join(reasons[:3]))
     return None
 

@@ -24,6 +24,7 @@ from slurmhealth.slurm import REASON_PREFIX, NodeInfo, SlurmBackend, expand_host
 REMEDIATING = f"{REASON_PREFIX} remediating:"
 REBOOTING = f"{REASON_PREFIX} rebooting:"
 SERVICE = f"{REASON_PREFIX} service required:"
+BACK = " (back after reboot)"  # appended to the reason of a fault that survived a reboot
 ATTEMPTS = ("reset", "reboot")  # the steps max_attempts counts
 
 Partitions = Callable[[], Mapping[str, Sequence[str]]]
@@ -34,12 +35,13 @@ def in_remediation(n: NodeInfo) -> bool:
 
 
 def fault_of(reason: str) -> str:
-    """Our reason without its prefix and any remediation tag: the fault it names."""
+    """Our reason without its prefix and any remediation tag: the fault it names (the
+    same text however many reboots it survived)."""
     text = reason
     for tag in (REMEDIATING, REBOOTING, SERVICE, REASON_PREFIX):
         if text.startswith(tag):
             text = text[len(tag) :].strip()
-    return text
+    return text.removesuffix(BACK)
 
 
 def scope(cfg: Config, nodes: Sequence[NodeInfo], partitions: Partitions) -> list[NodeInfo]:
