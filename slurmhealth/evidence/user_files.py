@@ -25,7 +25,7 @@ _SAFE_CHARS = re.compile(r"[^A-Za-z0-9_.+-]")
 
 
 class Task(Protocol):
-    """The capture's task a copy writes into (``slurmhealth.evidence.capture._Task``)."""
+    """The capture's task a copy writes into (``slurmhealth.evidence.registry.Task``)."""
 
     skip: str | None
     outputs: dict[str, Sink]

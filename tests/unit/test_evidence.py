@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import stat
@@ -24,7 +23,7 @@ from slurmhealth.config import Config, load_config
 from slurmhealth.diagnose.facts import NodeFacts
 from slurmhealth.errors import UsageError
 from slurmhealth.evidence import kernel as evidence_kernel
-from slurmhealth.evidence import list_bundles, prune, read_manifest
+from slurmhealth.evidence import list_bundles, prune, read_manifest, registry
 from slurmhealth.evidence.capture import capture
 from slurmhealth.evidence.sources import find_py_spy
 from slurmhealth.evidence.summary import write_summary
@@ -301,20 +300,29 @@ def test_hanging_source_is_timed_out_within_budget(
 def test_a_source_that_never_returns_is_abandoned_at_the_budget(
     make_cfg: Callable[..., Config], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    capture_mod = importlib.import_module("slurmhealth.evidence.capture")  # not the function
-
-    def stuck(job: Any, task: Any, deadline: float) -> None:
+    def stuck(task: Any, deadline: float) -> None:
         task.out().write(b"started\n")
         time.sleep(30)  # ignores its deadline, like an NVML call on a dying GPU
 
-    monkeypatch.setattr(capture_mod, "_host", stuck)
+    def planner(p: registry.Plan) -> None:
+        p.add("stuck", "stuck.txt", stuck)
+
+    monkeypatch.setitem(registry.SOURCES, "stuck", planner)  # registered as a site would
     t0 = time.monotonic()
     result = capture(make_cfg(), JOB, NODE, reason="test", budget_s=2)
     assert time.monotonic() - t0 < 3.0
-    host = next(f for f in result.files if f["name"] == "host.txt")
-    assert host["timed_out"] and host["error"] == "did not finish within the capture budget"
-    assert (Path(result.dir) / "host.txt").read_bytes() == b"started\n"
+    late = next(f for f in result.files if f["name"] == "stuck.txt")
+    assert late["timed_out"] and late["error"] == "did not finish within the capture budget"
+    assert late["source"] == "stuck" and result.files[-1] == late  # in registration order
+    assert (Path(result.dir) / "stuck.txt").read_bytes() == b"started\n"
+    assert {f["name"] for f in result.files} >= {"nvml.json", "host.txt", "kernel.log"}
     _check_manifest(Path(result.dir), result.files)
+
+
+def test_an_evidence_source_is_registered_once() -> None:
+    with pytest.raises(ValueError, match="evidence source 'host' registered twice"):
+        registry.source("host")(lambda p: None)
+    assert list(registry.SOURCES)[:3] == ["nvml", "nvidia-smi", "kernel"]
 
 
 def _mode(path: Path) -> tuple[int, int, int]:
