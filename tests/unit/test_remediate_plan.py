@@ -47,6 +47,9 @@ def test_the_fault_a_reason_names() -> None:
     assert rp.fault_of(f"{rp.SERVICE} gpu_lost gpu3") == "gpu_lost gpu3"
     assert rp.fault_of(OURS) == "row_remap gpu4 pending"
     assert rp.fault_of("maintenance") == "maintenance"
+    back = f"{OURS} (back after reboot)"  # one fault, however many reboots it survived
+    again = f"{rp.REBOOTING} {rp.fault_of(back)}"
+    assert rp.fault_of(back) == rp.fault_of(again) == "row_remap gpu4 pending"
 
 
 def test_scope_by_hostlist_and_partition(tmp_path: Path) -> None:

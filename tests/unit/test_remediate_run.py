@@ -430,6 +430,8 @@ def test_a_node_slurm_resumed_after_a_clean_reboot_ends_its_drain_in_the_history
     newest = drain_rows(world.history, node=NODE, limit=1)[0]
     assert (newest["state"], newest["actor"]) == ("resumed", rem.ACTOR)
     assert newest["reason"] == "slurmhealth remediation: validated after a reboot"
+    assert newest["detail"] == {"previous_reason": "", "validated": True,
+                                "why": "resumed by Slurm (nextstate=RESUME)"}  # fmt: skip
     assert drain_in_force(world.history, NODE) is None  # what the exporter says
 
 
