@@ -683,3 +683,47 @@ def test_an_mpi_build_is_the_same_test_before_and_after_2_17(binary: str) -> Non
                 + _nameless(8, "sum", -1, 2 * 7 / 8))  # fmt: skip
     assert old.meta["tests"] == ["all_reduce_perf"]  # named by its command line
     assert _metric(old, "all_reduce_perf.busbw_avg") == 140.0
+
+
+_MIDDLE = _rows(SIZES[3:6], "sum", -1, 80.0, 140.0)  # a run's middle: its head and end cut
+
+
+@pytest.mark.parametrize("layout", ["2.17", "before 2.17"])
+def test_rows_kept_from_the_middle_of_a_run_stay_apart_from_the_next_run(layout: str) -> None:
+    """A log collector that kept the last part of a job's output: the first run's rows
+    without its header or name (unnamed, its problems said), then a whole run."""
+    if layout == "2.17":
+        text, tests = _MIDDLE + all_gather(model="NVIDIA H100 80GB HBM3"), ["all_gather_perf"]
+    else:
+        text = _MIDDLE + _before_2_17("all_gather_perf") + _rows(SIZES[:2], "none", -1, 80.0, 70.0)
+        tests = ["nccl"]  # before 2.17 a run names itself nowhere but on its command line
+    r = parse("nccl", text)
+    assert r.meta["tests"] == ["nccl", *tests]
+    first = {m.metric for m in r.measurements if m.value == 140.0}
+    assert first == {f"nccl.busbw{p}@{s}" for s in SIZES[3:6] for p in ("", "_inplace")}
+    assert r.problems[0] == "test name not in the output (no 'Collective test' or '*_perf' line)"
+    assert not any(m.value == 140.0 and not m.metric.startswith("nccl.") for m in r.measurements)
+
+
+def test_a_2_17_run_that_died_after_its_start_line_keeps_its_failure_apart() -> None:
+    died = "# nccl-tests version 2.17.6 nccl-headers=22807 nccl-library=22807\n"
+    died += "# Collective test starting: all_reduce_perf\n"
+    died += "dgx-00: Test NCCL failure common.cu:1279 'unhandled cuda error'\n"
+    r = parse("nccl", died + all_gather(model="NVIDIA H100 80GB HBM3"))
+    assert r.meta["tests"] == ["all_reduce_perf", "all_gather_perf"] and not r.passed
+    assert r.errors == ("line 3: dgx-00: Test NCCL failure common.cu:1279 'unhandled cuda error'",)
+    assert _metric(r, "all_gather_perf.busbw_avg") == 61.2345
+    assert not any(m.metric.startswith("all_reduce_perf.") for m in r.measurements)
+
+
+def test_a_run_that_failed_before_its_header_keeps_its_failure_apart() -> None:
+    """``-g 16`` on an 8-GPU node: nccl-tests fails before it prints its header."""
+    died = "+ srun ./build/all_reduce_perf -b 1K -g 16\n"
+    died += "dgx-00: Test CUDA failure common.cu:892 'invalid device ordinal'\n"
+    gather = "+ srun ./build/all_gather_perf -g 8\n" + _before_2_17("all_gather_perf")
+    gather += _rows(SIZES[:2], "none", -1, 80.0, 70.0) + footer("", 70.0).rsplit("# Coll", 1)[0]
+    r = parse("nccl", died + gather)
+    assert r.meta["tests"] == ["all_reduce_perf", "all_gather_perf"]
+    assert r.errors == ("line 2: dgx-00: Test CUDA failure common.cu:892 'invalid device ordinal'",)
+    assert _metric(r, "all_gather_perf.busbw_avg") == 70.0
+    assert not any(m.metric.startswith("all_reduce_perf.") for m in r.measurements)
