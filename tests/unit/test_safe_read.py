@@ -37,7 +37,7 @@ PLAIN_OPEN_ALLOWED: dict[str, tuple[int, str]] = {
     "rdma/simtree.py": (2, "the simulator's generated sysfs trees"),
     "sidecar/presence.py": (1, "/proc cmdline"),
     "sidecar/lifecycle.py": (4, "root's log file; /proc; pid and mapping files in root's dirs"),
-    "evidence/capture.py": (1, "/proc/uptime, /proc/loadavg, /proc/driver/nvidia/version"),
+    "evidence/registry.py": (1, "/proc/uptime, /proc/loadavg, /proc/driver/nvidia/version"),
     "evidence/kernel.py": (2, "/proc/uptime; an fd already opened"),
     "kernel_log/sources.py": (2, "the kernel log files root's config names"),
     "metrics/web_config.py": (1, "the exporter's web-config file root's config names"),
