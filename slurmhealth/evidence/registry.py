@@ -11,6 +11,7 @@ under its own deadline.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from slurmhealth.evidence.sources import (
     Sink,
     find_py_spy,
     history_rows,
+    into_task,
     py_spy_dumps,
     rdma_sources,
     run_command,
@@ -130,11 +132,7 @@ def plan(req: Request) -> Plan:
 
 def command(argv: list[str]) -> Reader:
     """``argv``'s output (stdout and stderr together) as a reader."""
-
-    def run(task: Task, deadline: float) -> None:
-        run_command(argv, task.out(), deadline)
-
-    return run
+    return into_task(functools.partial(run_command, argv))
 
 
 # -- the sources, in the manifest's order ----------------------------------------------------

@@ -269,18 +269,18 @@ def rdma_sources(
     if not cfg.has_rdma(node):
         return []
     root = cfg.rdma_root(node)
-    out = [("rdma-sysfs", "rdma-sysfs.json", _into_sink(functools.partial(rdma_sysfs, root)))]
+    out = [("rdma-sysfs", "rdma-sysfs.json", into_task(functools.partial(rdma_sysfs, root)))]
     for source, name, argv in RDMA_COMMANDS:
         found = shutil.which(argv[0])
         if not found:
             skipped[source] = f"{argv[0]} not found"
             continue
         command = functools.partial(run_command, [found, *argv[1:]])
-        out.append((source, name, _into_sink(command)))
+        out.append((source, name, into_task(command)))
     return out
 
 
-def _into_sink(read: Callable[..., object]) -> Callable[[Any, float], None]:
+def into_task(read: Callable[..., object]) -> Callable[[Any, float], None]:
     """``read(sink, deadline)`` as the capture runs a source: into ``task.out()``."""
 
     def run(task: Any, deadline: float) -> None:

@@ -250,17 +250,24 @@ def _validate_and_resume(
 
 
 def _resume(me: NodeInfo, fault: _Fault, ad: RemediateAdapters, why: str) -> None:
-    from slurmhealth.history import records, rows
-
     now = ad.clock()
     info = next((n for n in ad.slurm.nodes() if n.name == me.name), me)
     if info.drained and info.ours:
         ad.slurm.resume(me.name)
-    detail = {"previous_reason": info.reason, "validated": True, "why": why}
-    drain = rows.drain_row(now, me.name, "resumed", f"slurmhealth remediation: {why}", ACTOR,
+    _drain_ended(ad, now, me.name, info.reason, why, why)
+    _write(ad, _row(fault, "resume", "resumed", now, now))
+
+
+def _drain_ended(
+    ad: RemediateAdapters, ts: float, node: str, previous: str, why: str, how: str
+) -> None:
+    """The history's ``resumed`` row that ends slurmhealth's drain of ``node``."""
+    from slurmhealth.history import records, rows
+
+    detail = {"previous_reason": previous, "validated": True, "why": how}
+    drain = rows.drain_row(ts, node, "resumed", f"slurmhealth remediation: {why}", ACTOR,
                            detail)  # fmt: skip
     _write(ad, records.drain(drain))
-    _write(ad, _row(fault, "resume", "resumed", now, now))
 
 
 def _reboot(me: NodeInfo, fault: _Fault, ad: RemediateAdapters) -> Step:
@@ -282,7 +289,7 @@ def _after_reboot(
     """The tick after ``scontrol reboot``: wait while it runs; then validate. Clean: the
     reboot row ends ``validated`` (Slurm resumed the node). The fault back: it ends
     ``fault_returned`` and the node is drained again (None: the caller counts attempts)."""
-    from slurmhealth.history import records, rows
+    from slurmhealth.history import records
 
     if me.state.startswith("down") and not me.ours:  # Slurm gave up on it (ResumeTimeout)
         _write(ad, records.remediation({**row, "ended": ad.clock(), "outcome": "failed",
@@ -294,6 +301,7 @@ def _after_reboot(
         return Step(me.name, "wait", f"reboot in progress (node {me.state})", row["fault"])
     if ad.local_jobs() != []:  # a job took the node first: its processes are not a fault
         return Step(me.name, "wait", "back after the reboot; validating once no job runs")
+    # fault_of: a row an older release wrote may still carry the "(back after reboot)" tag
     fault = _Fault(me.name, fleet.fault_of(str(row["fault"])), [], row.get("job_id"))
     clean, reasons = ad.validate()
     ended = ad.clock()
@@ -304,10 +312,8 @@ def _after_reboot(
         if me.drained and me.ours:
             _resume(me, fault, ad, "validated after a reboot")
         elif not me.drained:  # Slurm resumed it: the history's drain ends here too
-            _write(ad, records.drain(rows.drain_row(
-                ended, me.name, "resumed", "slurmhealth remediation: validated after a reboot",
-                ACTOR, {"previous_reason": me.reason, "validated": True,
-                        "why": "resumed by Slurm (nextstate=RESUME)"})))  # fmt: skip
+            _drain_ended(ad, ended, me.name, me.reason, "validated after a reboot",
+                         "resumed by Slurm (nextstate=RESUME)")  # fmt: skip
         return Step(me.name, "resume", "validated after the reboot: in service", fault.text)
     if not me.drained:  # Slurm resumed it (nextstate=RESUME): take it out again
         ad.slurm.drain(me.name, f"{REASON_PREFIX} {fault.text}{fleet.BACK}")
