@@ -181,6 +181,17 @@ class Cluster:
         except FileNotFoundError:
             return ""
 
+    def wait_after_work(self, node: str = "*", timeout: float = 60) -> None:
+        """Wait until the epilogs' detached after-work on ``node`` (every node by default)
+        is done: its journal entries gone, so no process of a finished job still holds the
+        node's history (or its job's step folder) open. A worker killed mid-way leaves its
+        entry: the wait ends at ``timeout`` then."""
+        deadline = time.monotonic() + timeout
+        while any((self.dir / "nodes").glob(f"{node}/run/pending/*.json")):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(POLL_S)
+
     def reset_node_data(self) -> None:
         """Forget every node's slurmhealth data (history, kernel-log cursor, run dir, evidence)
         and start a fresh slurmhealth.log (the old one is kept as slurmhealth.log.1).
@@ -190,11 +201,7 @@ class Cluster:
         stopped and its job's step folder, a tmpfs, unmounted), and unmounts what a killed
         one left.
         """
-        deadline = time.monotonic() + 60
-        while any((self.dir / "nodes").glob("*/run/pending/*.json")):
-            if time.monotonic() > deadline:
-                break  # a worker killed mid-way: its entry stays, the folder goes below
-            time.sleep(POLL_S)
+        self.wait_after_work()
         for node_dir in sorted((self.dir / "nodes").glob("*")):
             if node_dir.is_dir():
                 for job_dir in (node_dir / "run" / "jobs").glob("*"):

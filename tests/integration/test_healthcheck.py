@@ -74,7 +74,11 @@ def test_gpu_breaking_on_an_idle_node_is_drained_within_one_interval(healthy: Cl
         reasons = healthy.sinfo_reasons()
         assert set(reasons) == {"n3"}
         assert reasons["n3"].startswith("slurmhealth: nvlink_inactive gpu3 NVLink 7"), reasons
-        assert ("healthcheck", "fail") in _runs(healthy.node_db("n3"), t0)
+        # the run drains first and records the run with its drain just after: wait for it
+        deadline = time.monotonic() + 30
+        while ("healthcheck", "fail") not in (seen := _runs(healthy.node_db("n3"), t0)):
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.2)
 
         healthy.set_scenario("healthy")  # repaired: the health check resumes nothing
         time.sleep(2 * INTERVAL_S + 2)

@@ -26,6 +26,11 @@ PROLOG_RUN = "select phase, status from check_runs where job_id = ? and phase = 
 
 
 def _corrupt(cluster: Cluster, node: str) -> None:
+    """Garble the node's history where it lies, its -wal and -shm removed. First the last
+    job's after-work must be done: a process that holds the history open across the
+    garbling checkpoints its WAL into the file when it closes, and so writes the valid
+    pages back (seen in CI: the next prolog then found nothing corrupt to move aside)."""
+    cluster.wait_after_work(node)
     db = cluster.node_db(node)
     for extra in ("-wal", "-shm"):
         with contextlib.suppress(FileNotFoundError):
