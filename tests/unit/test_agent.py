@@ -156,6 +156,26 @@ def test_a_history_replaced_under_the_agent_is_held_open_anew(
     assert [r["job_id"] for r in _runs(tmp_path)] == [str(BASE + 51), str(BASE + 52)]
 
 
+def test_a_history_overwritten_in_place_under_the_agent_is_found_corrupt_and_moved_aside(
+    agent: tuple[Agent, Config, Path], tmp_path: Path
+) -> None:
+    """The file garbled where it lies (same inode: a bad disk, a stray write) and its -wal
+    and -shm removed: the next prolog through the agent finds it corrupt, moves it aside
+    and records into a fresh one (the agent's idle connection must not keep the old
+    WAL index alive for it)."""
+    running, _cfg, config = agent
+    assert client.ask(running.path, "prolog", _env(config, 60))["exit_code"] == 0
+    db = tmp_path / "history.db"
+    for extra in ("-wal", "-shm"):
+        (tmp_path / f"history.db{extra}").unlink(missing_ok=True)
+    db.write_bytes(b"this is not a database\n" * 512)
+    answer = client.ask(running.path, "prolog", _env(config, 61))
+    assert answer["exit_code"] == 0 and answer["status"] == "ok"
+    (aside,) = tmp_path.glob("history.db.corrupt-*")
+    assert aside.read_bytes().startswith(b"this is not a database\n")
+    assert [r["job_id"] for r in _runs(tmp_path)] == [str(BASE + 61)]
+
+
 def test_another_protocol_version_is_refused_so_the_client_falls_back(
     agent: tuple[Agent, Config, Path],
 ) -> None:
